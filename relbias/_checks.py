@@ -1,0 +1,64 @@
+"""Argument checks shared by every public function: clear errors naming the parameter."""
+
+from __future__ import annotations
+
+import numbers
+
+import torch
+
+
+def check_int(name: str, value, *, minimum: int | None = None) -> int:
+    """Return ``value`` as an ``int`` or raise naming ``name`` and what is allowed."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be an integer, got {type(value).__name__} {value!r}")
+    value = int(value)
+    if minimum is not None and value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value}")
+    return value
+
+
+def check_positive_float(name: str, value) -> float:
+    """Return ``value`` as a positive finite float or raise naming ``name``."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a positive number, got {type(value).__name__} {value!r}")
+    value = float(value)
+    if not (value > 0 and value < float("inf")):
+        raise ValueError(f"{name} must be a positive finite number, got {value}")
+    return value
+
+
+def check_choice(name: str, value, allowed) -> str:
+    if value not in allowed:
+        raise ValueError(f"{name} must be one of {sorted(allowed)}, got {value!r}")
+    return value
+
+
+def check_lengths(q_len, k_len, q_start) -> tuple[int, int, int]:
+    """Validate attention lengths and fill the defaults of the book's convention.
+
+    ``k_len`` defaults to ``q_len``; queries default to the *last* ``q_len`` of the
+    ``k_len`` positions, so ``q_start = k_len - q_len``.
+    """
+    q_len = check_int("q_len", q_len, minimum=0)
+    k_len = q_len if k_len is None else check_int("k_len", k_len, minimum=0)
+    if q_start is None:
+        if k_len < q_len:
+            raise ValueError(
+                f"k_len ({k_len}) must be >= q_len ({q_len}) when q_start is not given: "
+                "queries are the last q_len of the k_len key positions"
+            )
+        q_start = k_len - q_len
+    else:
+        q_start = check_int("q_start", q_start, minimum=0)
+    return q_len, k_len, q_start
+
+
+def compute_dtype(*tensors: torch.Tensor) -> torch.dtype:
+    """float64 when any parameter is float64 (for gradcheck), else float32.
+
+    Positions and formulas are always evaluated in at least float32 so that a
+    module cast to float16/bfloat16 never rounds an integer offset.
+    """
+    if any(t.dtype == torch.float64 for t in tensors):
+        return torch.float64
+    return torch.float32
