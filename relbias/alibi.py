@@ -11,7 +11,7 @@ from .base import RelativeBias
 
 
 def alibi_slopes(num_heads) -> torch.Tensor:
-    r"""The per-head slopes :math:`m_h` of Press et al.'s reference code, as float32 ``[num_heads]``.
+    r"""The per-head slopes :math:`m_h` of Press et al.'s reference code, float32 ``[num_heads]``.
 
     For a power of two :math:`n`: :math:`m_h = 2^{-8h/n}`, :math:`h = 1..n` (8 heads:
     1/2, 1/4, ..., 1/256). Otherwise the slopes of the nearest lower power of two

@@ -50,7 +50,8 @@ def _bias_tensor(bias, q, k, q_start: int, causal: bool) -> torch.Tensor | None:
         return bias(q_len, k_len, q_start=q_start)
     if not isinstance(bias, torch.Tensor):
         raise TypeError(
-            f"bias must be None, a torch.Tensor or a relbias.RelativeBias, got {type(bias).__name__}"
+            "bias must be None, a torch.Tensor or a relbias.RelativeBias, "
+            f"got {type(bias).__name__}"
         )
     target = (batch, heads, q_len, k_len)
     if bias.dim() > 4 or any(

@@ -27,7 +27,7 @@ def main() -> None:
     print("-" * len(header))
     for name in BIAS_NAMES:
         values = bias_by_offset(name, offsets=offsets)
-        print(f"{name:<14}" + "".join(f"{v:>10.4f}" for v in values.tolist()))
+        print(f"{name:<14}" + "".join(f"{v + 0.0:>10.4f}" for v in values.tolist()))
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 from ._checks import check_positive_float, compute_dtype
 from .base import RelativeBias
 
-_LIVE_KERPLE_MODULES: "weakref.WeakSet[_Kerple]" = weakref.WeakSet()
+_LIVE_KERPLE_MODULES: weakref.WeakSet[_Kerple] = weakref.WeakSet()
 
 
 class _Kerple(RelativeBias):
@@ -54,7 +54,9 @@ class _Kerple(RelativeBias):
 
 
 class KerplePower(_Kerple):
-    r"""Kerple, power form: :math:`\mathrm{PE}(i,j) = -r_1\,|i-j|^{r_2}`, :math:`r_1>0,\ 0<r_2\le 2`.
+    r"""Kerple, power form: :math:`\mathrm{PE}(i,j) = -r_1\,|i-j|^{r_2}`.
+
+    Constraints: :math:`r_1 > 0` and :math:`0 < r_2 \le 2`.
 
     :math:`r_1, r_2` are learned per head (the book's Table 2.4 calls them
     :math:`\beta_1, \beta_2`). ``r_2 \le 2`` keeps :math:`-|i-j|^{r_2}` a conditionally
@@ -77,7 +79,9 @@ class KerplePower(_Kerple):
 
 
 class KerpleLog(_Kerple):
-    r"""Kerple, logarithmic form: :math:`\mathrm{PE}(i,j) = -r_1 \log(1 + r_2 |i-j|)`, :math:`r_1, r_2 > 0`.
+    r"""Kerple, logarithmic form: :math:`\mathrm{PE}(i,j) = -r_1 \log(1 + r_2 |i-j|)`.
+
+    Constraints: :math:`r_1, r_2 > 0`.
 
     Learned per head. Initialised as the reference: :math:`r_1 \sim U(0,2)`,
     :math:`r_2 \sim U(0,1)`. (The reference code names the multiplier ``bias_p`` here,

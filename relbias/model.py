@@ -27,8 +27,9 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from . import biased_attention, make_bias
-from . import BIAS_NAMES as _BIAS_NAMES
+from .attention import biased_attention
+from .registry import BIAS_NAMES as _BIAS_NAMES
+from .registry import make_bias
 
 BIAS_POSITIONS = tuple(_BIAS_NAMES)
 BASELINE_POSITIONS = ("nope", "sinusoidal", "learned", "rope")

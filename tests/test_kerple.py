@@ -1,0 +1,103 @@
+"""Kerple power and log: the formulas at hand-computed points and the enforced constraints."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from relbias import ALiBi, KerpleLog, KerplePower, alibi_slopes, relative_positions
+
+
+def with_params(cls, r1, r2, **kwargs):
+    module = cls(len(r1), **kwargs)
+    with torch.no_grad():
+        module.r1.copy_(torch.tensor(r1))
+        module.r2.copy_(torch.tensor(r2))
+    return module
+
+
+def test_power_hand_computed_points():
+    bias = with_params(KerplePower, [0.5, 2.0], [1.0, 1.5])
+    got = bias(1, 5)  # offsets 4, 3, 2, 1, 0
+    assert got[0, 0].tolist() == [-2.0, -1.5, -1.0, -0.5, 0.0]
+    assert got[1, 0, 0].item() == pytest.approx(-2.0 * 4**1.5)  # -16
+    assert got[1, 0, 1].item() == pytest.approx(-2.0 * 3**1.5, rel=1e-6)
+
+
+def test_log_hand_computed_points():
+    bias = with_params(KerpleLog, [1.0, 0.5], [2.0, 0.25])
+    got = bias(1, 5)
+    assert got[0, 0, 1].item() == pytest.approx(-math.log(7.0), rel=1e-6)  # offset 3
+    assert got[1, 0, 0].item() == pytest.approx(-0.5 * math.log(2.0), rel=1e-6)  # offset 4
+    assert got[:, 0, 4].tolist() == [0.0, 0.0]
+
+
+@pytest.mark.parametrize("cls", [KerplePower, KerpleLog])
+def test_formula_on_a_grid_and_even_in_the_offset(cls):
+    bias = with_params(cls, [0.3, 1.7, 0.9], [0.2, 1.1, 1.9])
+    d = relative_positions(7, 11).abs().double()
+    r1 = bias.r1.detach().double()[:, None, None]
+    r2 = bias.r2.detach().double()[:, None, None]
+    if cls is KerplePower:
+        expected = -r1 * d**r2
+    else:
+        expected = -r1 * torch.log1p(r2 * d)
+    torch.testing.assert_close(bias(7, 11).double(), expected, rtol=1e-6, atol=1e-6)
+    assert torch.equal(bias(6, 6, q_start=0), bias(6, 6, q_start=0).transpose(1, 2))
+
+
+def test_power_with_exponent_one_is_alibi_with_learned_slopes():
+    slopes = alibi_slopes(4)
+    # The smallest slope, 1/256, is below the default floor eps = 1e-2 on r1 (the
+    # reference code's clamp), so lower the floor.
+    kerple = with_params(KerplePower, slopes.tolist(), [1.0] * 4, eps=1e-4)
+    alibi = ALiBi(4, bidirectional=True)
+    torch.testing.assert_close(kerple(9, 13), alibi(9, 13))
+    floored = with_params(KerplePower, slopes.tolist(), [1.0] * 4)
+    floored(2)
+    assert floored.r1[3].item() == pytest.approx(1e-2)
+
+
+@pytest.mark.parametrize("cls", [KerplePower, KerpleLog])
+def test_initial_parameters_satisfy_the_constraints(cls):
+    for _ in range(5):
+        bias = cls(16)
+        assert (bias.r1 > 0).all() and (bias.r2 > 0).all()
+        if cls is KerplePower:
+            assert (bias.r2 <= 2).all()
+
+
+def test_forward_projects_out_of_range_parameters():
+    power = with_params(KerplePower, [-1.0, 0.5], [5.0, -3.0])
+    out = power(3, 3)
+    assert (power.r1 > 0).all()
+    assert (power.r2 > 0).all() and (power.r2 <= 2).all()
+    assert power.r2[0].item() == 2.0
+    assert torch.isfinite(out).all() and (out <= 0).all()
+    log = with_params(KerpleLog, [-1.0, 0.5], [50.0, -3.0])
+    out = log(3, 3)
+    assert (log.r1 > 0).all() and (log.r2 > 0).all()
+    assert log.r2[0].item() == 50.0  # no upper bound on r2 for the log form
+    assert torch.isfinite(out).all() and (out <= 0).all()
+
+
+@pytest.mark.parametrize("cls", [KerplePower, KerpleLog])
+@pytest.mark.parametrize("optimizer", [torch.optim.SGD, torch.optim.Adam, torch.optim.AdamW])
+def test_constraints_hold_right_after_an_optimiser_step(cls, optimizer):
+    bias = with_params(cls, [0.5, 0.5], [1.0, 1.9])
+    opt = optimizer(bias.parameters(), lr=10.0)
+    for _ in range(3):
+        opt.zero_grad()
+        # Push r1 and r2 below 0, and r2 of head 1 above 2.
+        loss = bias.r1.sum() + bias.r2[0] - 100 * bias.r2[1]
+        loss.backward()
+        opt.step()
+        # No forward in between: the optimiser step itself must leave them valid.
+        assert (bias.r1 > 0).all(), bias.r1
+        assert (bias.r2 > 0).all(), bias.r2
+        if cls is KerplePower:
+            assert (bias.r2 <= 2).all(), bias.r2
+    if cls is KerpleLog:
+        assert bias.r2[1] > 2  # the log form has no upper bound: the push went through
