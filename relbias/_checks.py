@@ -28,7 +28,11 @@ def check_positive_float(name: str, value) -> float:
 
 
 def check_choice(name: str, value, allowed) -> str:
-    if value not in allowed:
+    try:
+        known = value in allowed
+    except TypeError:  # an unhashable value (a list, a dict) is no choice either
+        known = False
+    if not known:
         raise ValueError(f"{name} must be one of {sorted(allowed)}, got {value!r}")
     return value
 

@@ -9,6 +9,14 @@ from torch.nn import functional as F
 
 from ._checks import check_lengths
 from .base import RelativeBias
+from .flex import (
+    FLEX_DTYPES,
+    PreparedBias,
+    _set_last_backend,
+    flex_attention_with_bias,
+    prepare_bias,
+    table_attention,
+)
 
 
 def _check_qkv(q, k, v) -> None:
@@ -32,26 +40,31 @@ def _check_qkv(q, k, v) -> None:
         )
 
 
+def _check_module(bias: RelativeBias, heads: int, causal: bool) -> None:
+    if bias.num_heads != heads:
+        raise ValueError(f"bias has num_heads={bias.num_heads} but q has {heads} heads")
+    if not causal and not bias.bidirectional:
+        raise ValueError(
+            f"bias {type(bias).__name__} was built causal (bidirectional=False); "
+            "build it with bidirectional=True for causal=False attention"
+        )
+
+
 def _bias_tensor(bias, q, k, q_start: int, causal: bool) -> torch.Tensor | None:
     batch, heads, q_len, _ = q.shape
     k_len = k.shape[2]
     if bias is None:
         return None
     if isinstance(bias, RelativeBias):
-        if bias.num_heads != heads:
-            raise ValueError(
-                f"bias has num_heads={bias.num_heads} but q has {heads} heads"
-            )
-        if not causal and not bias.bidirectional:
-            raise ValueError(
-                f"bias {type(bias).__name__} was built causal (bidirectional=False); "
-                "build it with bidirectional=True for causal=False attention"
-            )
+        _check_module(bias, heads, causal)
         return bias(q_len, k_len, q_start=q_start)
+    if isinstance(bias, PreparedBias):
+        bias.check_shape(heads, q_len, k_len, q_start, causal)
+        return bias.materialize()
     if not isinstance(bias, torch.Tensor):
         raise TypeError(
-            "bias must be None, a torch.Tensor or a relbias.RelativeBias, "
-            f"got {type(bias).__name__}"
+            "bias must be None, a torch.Tensor, a relbias.RelativeBias or a "
+            f"relbias.flex.PreparedBias, got {type(bias).__name__}"
         )
     target = (batch, heads, q_len, k_len)
     if bias.dim() > 4 or any(
@@ -64,8 +77,90 @@ def _bias_tensor(bias, q, k, q_start: int, causal: bool) -> torch.Tensor | None:
     return bias
 
 
+BACKENDS = ("auto", "materialize", "table", "flex")
+
+#: What ``backend="auto"`` takes on the CPU when no gradient is needed, per kind of
+#: bias ("offset": families that depend on i - j alone; "fire": FIRE). Measured on a
+#: 2-core CPU (see benchmarks/results/cpu.json): the strided-table path runs near the
+#: speed of bias-free attention, FlexAttention's CPU kernel is 2.5-3x slower than it.
+CPU_INFERENCE_BACKEND = {"offset": "table", "fire": "flex"}
+
+
+def _needs_grad(q, k, v, bias) -> bool:
+    if not torch.is_grad_enabled():
+        return False
+    if any(t.requires_grad for t in (q, k, v)):
+        return True
+    if isinstance(bias, RelativeBias):
+        return any(p.requires_grad for p in bias.parameters())
+    if isinstance(bias, (PreparedBias, torch.Tensor)):
+        return bias.requires_grad
+    return False
+
+
+def _choose_backend(backend, q, k, v, bias, return_weights) -> str:
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {list(BACKENDS)}, got {backend!r}")
+    structured = isinstance(bias, (RelativeBias, PreparedBias))
+    if backend != "auto":
+        if return_weights and backend != "materialize":
+            raise ValueError(
+                f"return_weights=True needs the attention weights, which only "
+                f"backend='materialize' forms; got backend={backend!r}"
+            )
+        if backend != "materialize" and isinstance(bias, torch.Tensor):
+            raise ValueError(
+                f"backend={backend!r} needs a relbias.RelativeBias (or prepared bias), "
+                "not a dense tensor; a dense bias only works with backend='materialize'"
+            )
+        if backend == "table" and bias is None:
+            raise ValueError("backend='table' needs a bias; use 'materialize' or 'flex'")
+        if backend == "table" and isinstance(bias, RelativeBias) and not (
+            bias.offset_only or _is_fire(bias)
+        ):
+            raise ValueError(f"backend='table' does not support {type(bias).__name__}")
+        return backend
+    if return_weights or not structured or q.dtype not in FLEX_DTYPES:
+        return "materialize"
+    if isinstance(bias, RelativeBias) and not (bias.offset_only or _is_fire(bias)):
+        return "materialize"
+    if q.device.type == "cuda":
+        return "flex"
+    if q.device.type != "cpu" or _needs_grad(q, k, v, bias):
+        return "materialize"
+    kind = bias.kind if isinstance(bias, PreparedBias) else (
+        "offset" if bias.offset_only else "fire"
+    )
+    return CPU_INFERENCE_BACKEND[kind]
+
+
+def _is_fire(bias) -> bool:
+    from .fire import FIRE
+
+    return isinstance(bias, FIRE)
+
+
+def _dense_mask(additive, q, q_len, k_len, q_start, causal):
+    """The additive mask for SDPA: the bias (4-D, so the fused kernel takes it) and -inf."""
+    if additive is None:
+        if not causal:
+            return None
+        i = torch.arange(q_start, q_start + q_len, device=q.device)
+        j = torch.arange(k_len, device=q.device)
+        return j[None, :] <= i[:, None]  # boolean: True where attention is allowed
+    mask = additive.to(q.dtype)
+    while mask.dim() < 4:
+        mask = mask.unsqueeze(0)
+    if causal:
+        i = torch.arange(q_start, q_start + q_len, device=q.device)
+        j = torch.arange(k_len, device=q.device)
+        mask = mask.masked_fill(j[None, :] > i[:, None], float("-inf"))
+    return mask
+
+
 def biased_attention(
-    q, k, v, bias=None, *, causal=True, return_weights=False, q_start=None
+    q, k, v, bias=None, *, causal=True, return_weights=False, q_start=None,
+    backend="auto", return_backend=False,
 ):
     r"""Softmax attention with an additive bias: the book's Eqs. 2.75-2.77.
 
@@ -77,13 +172,27 @@ def biased_attention(
     ``[batch, heads, k_len, ...]``. The bias is added *after* the :math:`1/\sqrt{d}`
     scaling, as fairseq's ALiBi, KERPLE and x-transformers do; the book writes it
     inside, which is the same attention with the bias multiplied by :math:`\sqrt{d}`.
-    ``bias`` is a tensor broadcastable to ``[batch, heads, q_len, k_len]`` or a
-    :class:`~relbias.RelativeBias` (called with the lengths and ``q_start``).
+    ``bias`` is a tensor broadcastable to ``[batch, heads, q_len, k_len]``, a
+    :class:`~relbias.RelativeBias` (called with the lengths and ``q_start``), or a
+    bias prepared once for this shape by :func:`relbias.flex.prepare_bias` (to share
+    it across layers).
     Queries sit at positions ``q_start ..`` (default: the last ``q_len`` of ``k_len``),
     and with ``causal=True`` query ``i`` sees keys ``j <= i``.
 
+    ``backend`` chooses how the bias reaches the scores (see :mod:`relbias.flex`):
+    ``"materialize"`` builds the ``[heads, q_len, k_len]`` bias; ``"table"`` reads an
+    offset-only bias from its O(n) table through a strided view (FIRE: block by
+    block), with no ``q_len x k_len`` tensor; ``"flex"`` computes it inside a compiled
+    FlexAttention kernel. ``"auto"`` (default) takes FlexAttention on a GPU; on the CPU
+    it takes :data:`CPU_INFERENCE_BACKEND` when no gradient is needed (FlexAttention has
+    no CPU backward) and ``"materialize"`` otherwise; a dense tensor bias, a float64
+    input and ``return_weights=True`` always materialise. All backends give the same
+    values within float rounding.
+
     Returns the output ``[batch, heads, q_len, v_dim]``, and with
-    ``return_weights=True`` also the weights :math:`\alpha` ``[batch, heads, q_len, k_len]``.
+    ``return_weights=True`` also the weights :math:`\alpha` ``[batch, heads, q_len, k_len]``;
+    with ``return_backend=True`` the name of the backend taken comes last
+    (also available afterwards from :func:`relbias.flex.last_backend`).
     With no keys (``k_len = 0``) the output is zero (an empty sum).
     """
     _check_qkv(q, k, v)
@@ -92,26 +201,48 @@ def biased_attention(
     batch, heads, q_len, head_dim = q.shape
     k_len = k.shape[2]
     q_len, k_len, q_start = check_lengths(q_len, k_len, q_start)
-    additive = _bias_tensor(bias, q, k, q_start, causal)
+    chosen = _choose_backend(backend, q, k, v, bias, return_weights)
 
+    def finish(*outputs):
+        _set_last_backend(chosen)
+        if return_backend:
+            outputs = (*outputs, chosen)
+        return outputs if len(outputs) > 1 else outputs[0]
+
+    if chosen != "materialize" or q_len == 0 or k_len == 0:
+        if isinstance(bias, RelativeBias):
+            _check_module(bias, heads, causal)
+        elif isinstance(bias, PreparedBias):
+            bias.check_shape(heads, q_len, k_len, q_start, causal)
+        elif bias is not None and not isinstance(bias, torch.Tensor):
+            _bias_tensor(bias, q, k, q_start, causal)  # raises the TypeError
     if q_len == 0 or k_len == 0:
+        if isinstance(bias, torch.Tensor):
+            _bias_tensor(bias, q, k, q_start, causal)
         out = q.new_zeros(batch, heads, q_len, v.shape[-1])
-        return (out, q.new_zeros(batch, heads, q_len, k_len)) if return_weights else out
+        if return_weights:
+            return finish(out, q.new_zeros(batch, heads, q_len, k_len))
+        return finish(out)
 
-    mask = None if additive is None else additive.to(q.dtype)
-    if causal:
-        i = torch.arange(q_start, q_start + q_len, device=q.device)
-        j = torch.arange(k_len, device=q.device)
-        future = j[None, :] > i[:, None]
-        blocked = torch.zeros(q_len, k_len, dtype=q.dtype, device=q.device).masked_fill(
-            future, float("-inf")
-        )
-        mask = blocked if mask is None else mask + blocked
+    if chosen in ("table", "flex"):
+        prepared = None if bias is None else prepare_bias(bias, q_len, k_len, q_start=q_start)
+        if chosen == "table":
+            return finish(table_attention(q, k, v, prepared, causal=causal))
+        return finish(flex_attention_with_bias(q, k, v, prepared, causal=causal,
+                                               q_start=q_start))
 
+    additive = _bias_tensor(bias, q, k, q_start, causal)
     if return_weights:
         scores = q @ k.transpose(-2, -1) / math.sqrt(head_dim)
-        if mask is not None:
-            scores = scores + mask
+        if additive is not None:
+            scores = scores + additive.to(q.dtype)
+        if causal:
+            i = torch.arange(q_start, q_start + q_len, device=q.device)
+            j = torch.arange(k_len, device=q.device)
+            scores = scores.masked_fill(j[None, :] > i[:, None], float("-inf"))
         weights = torch.softmax(scores, dim=-1)
-        return weights @ v, weights
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        return finish(weights @ v, weights)
+    if additive is None and causal and q_start == 0 and q_len == k_len:
+        return finish(F.scaled_dot_product_attention(q, k, v, is_causal=True))
+    mask = _dense_mask(additive, q, q_len, k_len, q_start, causal)
+    return finish(F.scaled_dot_product_attention(q, k, v, attn_mask=mask))

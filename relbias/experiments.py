@@ -27,8 +27,8 @@ from .model import BASELINE_POSITIONS, BIAS_POSITIONS, POSITION_NAMES
 from .training import (
     Config,
     build_model,
-    device_name,
     default_distances,
+    device_name,
     evaluate_lengths,
     evaluate_retrieval,
     get_config,

@@ -1,8 +1,9 @@
-"""Figures and small tables for the chapters on ALiBi and Sandwich, Kerple, FIRE and the comparison.
+"""Figures and tables for the chapters on ALiBi and Sandwich, Kerple, FIRE and the comparison.
 
-Every function here only *reads* the library (slopes, bias modules, result dicts)
-and draws or tabulates it, so that the notebook cells stay short. Plots return the
-matplotlib figure; tables return a list of row dicts (see :func:`markdown_table`).
+Every function here only *reads* the library (slopes, bias modules, result dicts) and
+draws or tabulates it, so that the notebook cells stay short. Figures are built with
+:func:`relbias.notebook.figure` (no pyplot, nothing displayed twice) and returned;
+tables are returned as ``(rows, headers)`` for :func:`relbias.notebook.show_table`.
 """
 
 from __future__ import annotations
@@ -15,28 +16,7 @@ import torch
 from .alibi import alibi_slopes
 from .base import RelativeBias
 from .fire import FIRE
-
-# --- tables -------------------------------------------------------------------------------
-
-
-def markdown_table(rows: list[dict], columns: list[str] | None = None, *, digits: int = 4):
-    """Render ``rows`` (dicts with the same keys) as an IPython Markdown table.
-
-    Floats are shown with ``digits`` significant digits; every other value with ``str``.
-    """
-    from IPython.display import Markdown
-
-    columns = list(rows[0]) if columns is None else list(columns)
-
-    def cell(value) -> str:
-        if isinstance(value, float):
-            return f"{value:.{digits}g}"
-        return str(value)
-
-    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
-    lines += ["| " + " | ".join(cell(r[c]) for c in columns) + " |" for r in rows]
-    return Markdown("\n".join(lines))
-
+from .notebook import figure
 
 # --- ALiBi --------------------------------------------------------------------------------
 
@@ -51,22 +31,26 @@ def book_alibi_betas(num_heads: int) -> torch.Tensor:
     return 2.0 ** (-8.0 / k)
 
 
-def alibi_slope_rows(num_heads: int, *, head_dim: int | None = None) -> list[dict]:
-    """One row per head: the book's printed beta_k, the paper's m_k (and m_k sqrt(d))."""
-    book = book_alibi_betas(num_heads)
-    paper = alibi_slopes(num_heads).double()
+def power_of_two(x: float) -> str:
+    """``x`` written as a power of two, e.g. ``2^-1.5`` (exact for ALiBi's slopes)."""
+    return f"2^{math.log2(x):g}"
+
+
+def alibi_slope_table(num_heads: int, *, head_dim: int | None = None):
+    """Per head: the book's printed beta_k, the paper's m_k (and, with ``head_dim``,
+    the book's equivalent beta_k = m_k sqrt(d)). Returns ``(rows, headers)``."""
+    book = book_alibi_betas(num_heads).tolist()
+    paper = alibi_slopes(num_heads).double().tolist()
+    headers = ["head k", "Eq. 2.84 as printed: 1/2^(8/k)", "paper: m_k", "m_k as a power of 2"]
+    if head_dim is not None:
+        headers.append(f"book's beta_k = m_k sqrt({head_dim})")
     rows = []
     for k in range(num_heads):
-        row = {
-            "head k": k + 1,
-            "book: 1/2^(8/k)": float(book[k]),
-            "paper: m_k": float(paper[k]),
-            "m_k as 2^x": f"2^{math.log2(float(paper[k])):g}",
-        }
+        row = [k + 1, book[k], paper[k], power_of_two(paper[k])]
         if head_dim is not None:
-            row[f"beta_k = m_k sqrt({head_dim})"] = float(paper[k]) * math.sqrt(head_dim)
+            row.append(paper[k] * math.sqrt(head_dim))
         rows.append(row)
-    return rows
+    return rows, headers
 
 
 def plot_alibi_slopes(head_counts=(4, 6, 8, 12, 16), *, erratum_heads: int = 8):
@@ -76,12 +60,11 @@ def plot_alibi_slopes(head_counts=(4, 6, 8, 12, 16), *, erratum_heads: int = 8):
     not a power of two the slopes of the lower power of two are followed by every other
     slope of the next one, so the set interleaves instead of forming one geometric run.
     """
-    import matplotlib.pyplot as plt
-
-    fig, (ax0, ax1) = plt.subplots(1, 2, figsize=(11, 3.8))
+    fig, axes = figure(11, 3.8, ncols=2)
+    ax0, ax1 = axes.flat
     k = np.arange(1, erratum_heads + 1)
     ax0.plot(k, book_alibi_betas(erratum_heads).numpy(), "s--", color="tab:red",
-             label=r"book's Eq. 2.84 as printed: $1/2^{8/k}$")
+             label=r"Eq. 2.84 as printed: $1/2^{8/k}$")
     ax0.plot(k, alibi_slopes(erratum_heads).numpy(), "o-", color="tab:blue",
              label=r"Press et al.: $m_k = 2^{-8k/n}$")
     ax0.set_yscale("log", base=2)
@@ -90,46 +73,73 @@ def plot_alibi_slopes(head_counts=(4, 6, 8, 12, 16), *, erratum_heads: int = 8):
     ax0.set_title("the printed slopes grow with k; the paper's shrink", fontsize=9)
     ax0.legend(fontsize=8)
     for n in head_counts:
-        slopes = alibi_slopes(n).numpy()
-        ax1.plot(np.arange(1, n + 1), slopes, "o-", ms=4, label=f"n = {n}")
+        ax1.plot(np.arange(1, n + 1), alibi_slopes(n).numpy(), "o-", ms=4, label=f"n = {n}")
     ax1.set_yscale("log", base=2)
     ax1.set_xlabel("head k")
     ax1.set_ylabel("slope m_k (log scale)")
-    ax1.set_title("paper's slopes for several head counts", fontsize=9)
+    ax1.set_title("the paper's slopes for several head counts n", fontsize=9)
     ax1.legend(fontsize=8)
-    fig.tight_layout()
     return fig
 
 
-def bias_matrix(bias: RelativeBias, length: int, *, causal: bool = True) -> torch.Tensor:
-    """PE(i, j) as ``[heads, length, length]`` float32, with NaN where the causal mask blocks."""
-    with torch.no_grad():
-        pe = bias(length).float().cpu().clone()
-    if causal:
-        future = torch.ones(length, length, dtype=torch.bool).triu(1)
-        pe[:, future] = float("nan")
-    return pe
+def recency_weights(slopes: torch.Tensor, length: int) -> torch.Tensor:
+    r"""Attention of a content-free query (``q = 0``) at position ``length - 1``, per slope.
+
+    With no content score the weights are the softmax of the bias alone,
+    :math:`\alpha(i, j) \propto e^{-m (i-j)}`. Returns float64 ``[len(slopes), length]``
+    indexed by the offset ``i - j = 0 .. length - 1``.
+    """
+    offsets = torch.arange(length, dtype=torch.float64)
+    return torch.softmax(-torch.as_tensor(slopes).double()[:, None] * offsets[None, :], dim=-1)
 
 
-def plot_bias_heatmaps(bias: RelativeBias, length: int, *, heads=None, title: str = "",
-                       causal: bool = True):
-    """One heat map of PE(i, j) per head (query i down, key j across; masked cells blank)."""
-    import matplotlib.pyplot as plt
+def attention_span(slopes: torch.Tensor, length: int, mass: float = 0.9) -> list[int]:
+    """Per slope: how many of the nearest keys hold ``mass`` of a content-free query's weight."""
+    cumulative = recency_weights(slopes, length).cumsum(-1)
+    return [int((row < mass).sum()) + 1 for row in cumulative]
 
-    pe = bias_matrix(bias, length, causal=causal)
-    heads = list(range(pe.shape[0])) if heads is None else list(heads)
-    fig, axes = plt.subplots(1, len(heads), figsize=(2.7 * len(heads) + 0.6, 2.8),
-                             squeeze=False)
-    for ax, h in zip(axes[0], heads):
-        image = ax.imshow(pe[h].numpy(), cmap="viridis")
-        ax.set_title(f"head {h}", fontsize=9)
-        ax.set_xlabel("key j")
-        fig.colorbar(image, ax=ax, fraction=0.046, pad=0.04)
-    axes[0, 0].set_ylabel("query i")
-    if title:
-        fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
+
+def plot_recency_weights(slopes_by_label: dict, length: int = 64, *, ax=None):
+    """Content-free attention weights against the offset, one line per slope.
+
+    ``slopes_by_label`` maps a label to a 1-D tensor of slopes; each slope is drawn with
+    its value and the number of nearest keys that hold 90 % of the weight.
+    """
+    if ax is None:
+        fig, axes = figure(5.6 * len(slopes_by_label), 3.6, ncols=len(slopes_by_label))
+        axes = [axes] if len(slopes_by_label) == 1 else list(axes.flat)
+    else:
+        fig, axes = ax.figure, [ax]
+    offsets = np.arange(length)
+    for ax_, (label, slopes) in zip(axes, slopes_by_label.items()):
+        slopes = torch.as_tensor(slopes).double()
+        weights = recency_weights(slopes, length)
+        spans = attention_span(slopes, length)
+        for k in range(len(slopes)):
+            ax_.plot(offsets, weights[k].numpy(), lw=1.2,
+                     label=f"k={k + 1}: slope {float(slopes[k]):.3g}, 90% within {spans[k]}")
+        ax_.set_yscale("log")
+        ax_.set_ylim(1e-6, 1.5)
+        ax_.set_xlabel("offset i - j")
+        ax_.set_ylabel("attention weight (q = 0)")
+        ax_.set_title(label, fontsize=9)
+        ax_.legend(fontsize=6)
     return fig
+
+
+def word_pair_table(words: list[str], slope: float):
+    """Every causal (query, key) pair of ``words`` grouped by offset, with ALiBi's bias.
+
+    Returns ``(rows, headers)``: one row per offset i - j with the number of pairs, an
+    example pair and PE(i, j) = -slope * (i - j), smallest penalty first.
+    """
+    rows = []
+    for offset in range(len(words)):
+        pairs = [(i, i - offset) for i in range(offset, len(words))]
+        i, j = pairs[0]
+        example = f"q={words[i]} ({i}), k={words[j]} ({j})"
+        rows.append([offset, len(pairs), example, 0.0 - slope * offset])
+    return rows, ["offset i - j", "pairs", "first pair", "PE(i, j)"]
 
 
 def offset_profile(bias: RelativeBias, max_offset: int, *, query_position=None) -> torch.Tensor:
@@ -148,25 +158,25 @@ def offset_profile(bias: RelativeBias, max_offset: int, *, query_position=None) 
 
 def plot_offset_profiles(biases: dict, max_offset: int, *, reference: dict | None = None,
                          train_len: int | None = None, query_position=None, ncols: int = 4,
-                         ylim=None):
+                         ylim=None, width: float = 3.5, height: float = 3.0):
     """One panel per entry of ``biases``: PE against the offset i - j, a line per head.
 
     ``biases`` maps a title to a :class:`RelativeBias` or a tensor ``[heads, offsets]``.
-    ``reference`` (title to bias or tensor) is drawn in every panel as thin grey dashed
+    ``reference`` (label to bias or tensor) is drawn in every panel as thin grey dashed
     lines, e.g. ALiBi's fixed slopes next to what a learnable family learned.
-    ``train_len`` marks the last offset seen in training.
+    ``train_len`` marks the last offset seen in training (dotted).
     """
-    import matplotlib.pyplot as plt
 
     def table(item):
         if isinstance(item, torch.Tensor):
-            return item.float().cpu()
+            return item.detach().float().cpu()
         return offset_profile(item, max_offset, query_position=query_position)
 
     n = len(biases)
     cols = min(n, ncols)
     rows = math.ceil(n / cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(3.5 * cols, 2.9 * rows), squeeze=False)
+    fig, axes = figure(width * cols, height * rows, nrows=rows, ncols=cols)
+    axes = np.array([[axes]]) if n == 1 else np.asarray(axes).reshape(rows, cols)
     offsets = np.arange(max_offset + 1)
     for ax, (name, item) in zip(axes.flat, biases.items()):
         for ref_name, ref in (reference or {}).items():
@@ -186,28 +196,20 @@ def plot_offset_profiles(biases: dict, max_offset: int, *, reference: dict | Non
     for row in axes:
         row[0].set_ylabel("PE(i, j)")
     axes.flat[0].legend(fontsize=6)
-    fig.tight_layout()
     return fig
-
-
-def word_pair_penalties(words: list[str], slope: float) -> list[dict]:
-    """Every causal (query, key) pair of ``words`` with its ALiBi bias ``-slope * (i - j)``.
-
-    Rows are sorted by penalty, smallest first (ties in reading order).
-    """
-    rows = []
-    for i, query in enumerate(words):
-        for j in range(i + 1):
-            rows.append({"query i": f"{i}:{query}", "key j": f"{j}:{words[j]}",
-                         "offset i-j": i - j, "PE(i,j)": 0.0 - slope * (i - j)})
-    return sorted(rows, key=lambda r: r["offset i-j"])
 
 
 # --- Kerple -------------------------------------------------------------------------------
 
 
+def distance_matrix(n: int) -> torch.Tensor:
+    """``|i - j|`` for positions ``0..n-1``, float64 ``[n, n]``."""
+    x = torch.arange(n, dtype=torch.float64)
+    return (x[:, None] - x[None, :]).abs()
+
+
 def projected_min_eigenvalue(kernel: torch.Tensor) -> float:
-    """The smallest eigenvalue of ``P K P`` over its largest (absolute), in float64.
+    """The smallest eigenvalue of ``P K P`` over its largest absolute one, in float64.
 
     ``P = I - 11^T / n`` projects onto vectors whose entries sum to zero, so the value
     is >= 0 (up to rounding) exactly when ``K`` is conditionally positive definite on
@@ -220,31 +222,21 @@ def projected_min_eigenvalue(kernel: torch.Tensor) -> float:
     return float(eig.min() / eig.abs().max())
 
 
-def distance_matrix(n: int) -> torch.Tensor:
-    """``|i - j|`` for positions ``0..n-1``, float64 ``[n, n]``."""
-    x = torch.arange(n, dtype=torch.float64)
-    return (x[:, None] - x[None, :]).abs()
-
-
 def plot_cpd_scan(exponents, values, *, tolerance: float = 1e-9):
     """The relative smallest eigenvalue of the projected power kernel against r2."""
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6, 3.4))
-    values = np.asarray(values)
+    fig, ax = figure(6.4, 3.4)
+    exponents, values = np.asarray(exponents), np.asarray(values)
     ok = values >= -tolerance
     ax.plot(exponents, values, color="grey", lw=0.8)
-    ax.plot(np.asarray(exponents)[ok], values[ok], "o", color="tab:green", ms=4,
-            label="CPD (min eigenvalue >= 0)")
-    ax.plot(np.asarray(exponents)[~ok], values[~ok], "x", color="tab:red", ms=5,
-            label="not CPD")
+    ax.plot(exponents[ok], values[ok], "o", color="tab:green", ms=4,
+            label="conditionally positive definite")
+    ax.plot(exponents[~ok], values[~ok], "x", color="tab:red", ms=5, label="not CPD")
     ax.axvline(2.0, color="black", lw=0.6, ls=":")
-    ax.set_xlabel("exponent r2 in -|i-j|^r2")
-    ax.set_ylabel("min eigenvalue of P K P / max |eigenvalue|")
-    ax.set_title("the power kernel is conditionally positive definite exactly for r2 <= 2",
+    ax.set_xlabel("exponent r2 of the kernel -|i-j|^r2")
+    ax.set_ylabel("min eig(P K P) / max |eig|")
+    ax.set_title("-|i-j|^r2 is conditionally positive definite exactly when r2 <= 2",
                  fontsize=9)
     ax.legend(fontsize=8)
-    fig.tight_layout()
     return fig
 
 
@@ -257,13 +249,14 @@ def plot_fire_inputs(fire: FIRE, short_len: int, long_len: int, *, rows=None):
     Left and middle: the normalised input over the causal (query, key) grid for
     ``short_len`` (below the threshold L) and ``long_len`` (far above it), on one colour
     scale. Right: the input against the offset i - j for a few query positions ``rows``:
-    below L the curves coincide (offset only), above L each is squeezed into [0, 1].
+    below L the curves lie on one another (offset only), above L each query's whole
+    range of offsets is squeezed into [0, 1].
     """
-    import matplotlib.pyplot as plt
-
     L = float(fire.L.detach())
-    rows = rows or sorted({int(L) // 4, int(L) // 2, int(L) - 1, long_len // 2, long_len - 1})
-    fig, axes = plt.subplots(1, 3, figsize=(13, 3.7))
+    if rows is None:
+        rows = sorted({int(L) // 4, int(L) // 2, int(L) - 1, long_len // 4, long_len - 1})
+    fig, axes = figure(13, 3.8, ncols=3)
+    axes = list(axes.flat)
     with torch.no_grad():
         for ax, n in zip(axes[:2], (short_len, long_len)):
             x = fire.normalized_input(n).float().cpu()
@@ -272,33 +265,37 @@ def plot_fire_inputs(fire: FIRE, short_len: int, long_len: int, *, rows=None):
             ax.set_title(f"{n} tokens (L = {L:g})", fontsize=9)
             ax.set_xlabel("key j")
             ax.set_ylabel("query i")
-            fig.colorbar(image, ax=ax, fraction=0.046, pad=0.04)
+        fig.colorbar(image, ax=axes[:2], shrink=0.8, label="MLP input")
         x = fire.normalized_input(long_len).float().cpu()
-        for i in rows:
-            ax = axes[2]
+        styles = ["-", "--", ":", "-.", "-"]
+        for n, i in enumerate(rows):
             offsets = np.arange(i + 1)
-            ax.plot(offsets, x[i, : i + 1].flip(0).numpy(), lw=1.2,
-                    label=f"i = {i}" + (" (< L)" if i < L else ""))
-        axes[2].axvline(L, color="grey", lw=0.6, ls=":")
-        axes[2].set_xlabel("offset i - j")
-        axes[2].set_ylabel("MLP input")
-        axes[2].set_title("input by offset, one line per query", fontsize=9)
-        axes[2].legend(fontsize=7)
-    fig.tight_layout()
+            axes[2].plot(offsets, x[i, : i + 1].flip(0).numpy(), lw=1.4 + 0.6 * (i < L),
+                         ls=styles[n % len(styles)],
+                         label=f"i = {i}" + (" (< L)" if i < L else ""))
+    axes[2].axvline(L, color="grey", lw=0.6, ls=":")
+    axes[2].set_xlabel("offset i - j")
+    axes[2].set_ylabel("MLP input")
+    axes[2].set_title("input by offset, one line per query i", fontsize=9)
+    axes[2].legend(fontsize=7)
     return fig
 
 
 # --- results ------------------------------------------------------------------------------
 
 
-def extrapolation_summary(results: dict) -> list[dict]:
-    """Per method: params, bits per byte at each length and the ratio longest / training."""
+def extrapolation_rows(results: dict, *, methods=None):
+    """Per method: parameters, bits per byte at each length, and longest / training ratio.
+
+    Returns ``(rows, headers)`` for :func:`relbias.notebook.show_table`.
+    """
+    names = list(results["methods"]) if methods is None else list(methods)
+    first = results["methods"][names[0]]["eval"]
+    headers = ["method", "params"] + [f"bpb @ {r['length']}" for r in first]
+    headers.append(f"bpb @ {first[-1]['length']} / bpb @ {first[0]['length']}")
     rows = []
-    for name, rec in results["methods"].items():
-        evals = rec["eval"]
-        row = {"method": name, "params": rec["params"]}
-        for r in evals:
-            row[f"bpb@{r['length']}"] = round(r["bpb"], 3)
-        row["ratio"] = round(evals[-1]["bpb"] / evals[0]["bpb"], 3)
-        rows.append(row)
-    return rows
+    for name in names:
+        rec = results["methods"][name]
+        bpb = [r["bpb"] for r in rec["eval"]]
+        rows.append([name, rec["params"], *bpb, bpb[-1] / bpb[0]])
+    return rows, headers

@@ -43,6 +43,15 @@ class FIRE(RelativeBias):
         self.register_buffer("L_init", torch.tensor(L))
         self.L_multiplier = nn.Parameter(torch.tensor(1.0), requires_grad=bool(learn_L))
 
+    def _apply(self, fn, *args, **kwargs):
+        # L_init is a position (the threshold L), not a weight: a cast of the module to
+        # float16/bfloat16 must not round it (513 -> 512 in bfloat16), so it stays float32.
+        L_init = self.L_init
+        result = super()._apply(fn, *args, **kwargs)
+        if self.L_init.dtype in (torch.float16, torch.bfloat16):
+            self.L_init = L_init.to(device=self.L_init.device, dtype=torch.float32)
+        return result
+
     @property
     def L(self) -> torch.Tensor:
         """The threshold :math:`L = |\\lambda L_0|` (a 0-d tensor)."""
@@ -75,6 +84,6 @@ class FIRE(RelativeBias):
     def extra_repr(self) -> str:
         return (
             f"num_heads={self.num_heads}, hidden={self.hidden}, "
-            f"c={float(self.c):.4g}, L={float(self.L):.4g}"
+            f"c={float(self.c.detach()):.4g}, L={float(self.L.detach()):.4g}"
         )
 

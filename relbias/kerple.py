@@ -37,11 +37,26 @@ class _Kerple(RelativeBias):
         self.project_()
         _LIVE_KERPLE_MODULES.add(self)
 
+    def __setstate__(self, state) -> None:
+        # copy.deepcopy and unpickling (torch.load of a whole module) rebuild the module
+        # without __init__: register the copy too, or its optimiser steps go unprojected.
+        super().__setstate__(state)
+        _LIVE_KERPLE_MODULES.add(self)
+
     @torch.no_grad()
     def project_(self) -> None:
-        """Clamp ``r1`` and ``r2`` in place onto the family's constraints."""
-        self.r1.clamp_(min=self.eps)
-        self.r2.clamp_(min=self.eps, max=self.r2_max)
+        """Clamp ``r1`` and ``r2`` in place onto the family's constraints.
+
+        Only a parameter that breaks its constraint is written to: an in-place write
+        bumps the tensor's version, which would invalidate the autograd graph of any
+        earlier forward that saved the parameter (calling the module twice, e.g. from
+        two layers, before one backward).
+        """
+        if (self.r1 < self.eps).any():
+            self.r1.clamp_(min=self.eps)
+        r2_max = float("inf") if self.r2_max is None else self.r2_max
+        if ((self.r2 < self.eps) | (self.r2 > r2_max)).any():
+            self.r2.clamp_(min=self.eps, max=self.r2_max)
 
     def _distance(self, offsets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         self.project_()

@@ -43,9 +43,9 @@ def default_bias_kwargs(position: str, train_len: int) -> dict:
     - ``offset``: ``max_offset = train_len - 1`` (exactly the offsets a causal model
       sees in training) and ``unseen="clip"`` (farther offsets share the edge
       parameter, Shaw et al.).
-    - ``t5``: 32 causal buckets with ``max_distance = train_len``, so the last bucket
-      is trained and every longer offset shares it (as T5 trains on 512 tokens with
-      ``max_distance = 128``).
+    - ``t5``: 32 causal buckets (``train_len`` buckets when shorter than 32) with
+      ``max_distance = train_len``, so the last bucket is trained and every longer
+      offset shares it (as T5 trains on 512 tokens with ``max_distance = 128``).
     - ``fire``: threshold ``L = train_len`` (learnable), so progressive interpolation
       starts where the training length ends.
     - every other family: the library's defaults.
@@ -53,7 +53,7 @@ def default_bias_kwargs(position: str, train_len: int) -> dict:
     if position == "offset":
         return {"max_offset": train_len - 1, "unseen": "clip"}
     if position == "t5":
-        return {"num_buckets": 32, "max_distance": train_len}
+        return {"num_buckets": max(2, min(32, train_len)), "max_distance": train_len}
     if position == "fire":
         return {"L": train_len}
     return {}
@@ -287,7 +287,8 @@ class TinyLM(nn.Module):
         return self.head(self.norm(x))
 
     def extra_repr(self) -> str:
-        return f"position={self.position!r}, train_len={self.train_len}, share_bias={self.share_bias}"
+        return (f"position={self.position!r}, train_len={self.train_len}, "
+                f"share_bias={self.share_bias}")
 
 
 def _check_sizes(**sizes) -> None:

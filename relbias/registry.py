@@ -28,6 +28,6 @@ def make_bias(name: str, num_heads: int, **kwargs) -> RelativeBias:
     Keyword arguments go to the family's constructor, e.g.
     ``make_bias("offset", 8, max_offset=127)`` or ``make_bias("t5", 8, num_buckets=32)``.
     """
-    if name not in BIAS_FAMILIES:
+    if not isinstance(name, str) or name not in BIAS_FAMILIES:
         raise ValueError(f"name must be one of {list(BIAS_NAMES)}, got {name!r}")
     return BIAS_FAMILIES[name](num_heads, **kwargs)

@@ -72,6 +72,9 @@ class Config:
     def __post_init__(self):
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
+            if isinstance(value, list):
+                value = tuple(value)
+                object.__setattr__(self, f.name, value)
             if f.name in ("name", "lr", "weight_decay", "grad_clip", "seed"):
                 continue
             items = value if isinstance(value, tuple) else (value,)
@@ -82,6 +85,8 @@ class Config:
             raise ValueError(f"dim ({self.dim}) must be divisible by heads ({self.heads})")
         if not self.lr > 0:
             raise ValueError(f"lr must be > 0, got {self.lr}")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
+            raise ValueError(f"seed must be an integer >= 0, got {self.seed!r}")
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -287,7 +292,8 @@ def evaluate_lengths(
         per_pos = _loss_by_position(model, x, y, config.eval_batch_size, device)
         rows.append({
             "factor": factor, "length": length, "windows": int(x.shape[0]),
-            "bpb": float(per_pos.mean()), "loss_by_position": [round(v, 4) for v in per_pos.tolist()],
+            "bpb": float(per_pos.mean()),
+            "loss_by_position": [round(v, 4) for v in per_pos.tolist()],
         })
     return rows
 

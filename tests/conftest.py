@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
 import relbias
+
+# The tests use tiny tensors: intra-op threads only add synchronisation, which costs
+# several times the work on a busy 2-core machine. Set OMP_NUM_THREADS to override.
+if "OMP_NUM_THREADS" not in os.environ:
+    torch.set_num_threads(1)
 
 # Every family with small, explicit settings; FIRE's threshold L is small so that
 # short test sequences reach past it.

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+import io
 import math
 
 import pytest
@@ -101,3 +103,35 @@ def test_constraints_hold_right_after_an_optimiser_step(cls, optimizer):
             assert (bias.r2 <= 2).all(), bias.r2
     if cls is KerpleLog:
         assert bias.r2[1] > 2  # the log form has no upper bound: the push went through
+
+
+@pytest.mark.parametrize("cls", [KerplePower, KerpleLog])
+def test_two_forwards_then_one_backward(cls):
+    # A module shared by two layers is called twice before backward: the projection
+    # at each forward must not invalidate the first call's graph.
+    bias = with_params(cls, [0.5, 1.5], [0.7, 1.2])
+    first, second = bias(5), bias(3, 7)
+    (first.sum() + second.sum()).backward()
+    assert bias.r1.grad is not None and (bias.r1.grad < 0).all()
+    # ...while a parameter that breaks its constraint is still projected.
+    with torch.no_grad():
+        bias.r1[0] = -1.0
+    bias(2)
+    assert bias.r1[0].item() == pytest.approx(bias.eps)
+
+
+@pytest.mark.parametrize("how", ["deepcopy", "torch.load"])
+def test_copies_are_projected_after_optimiser_steps(how):
+    original = with_params(KerplePower, [0.5, 1.0], [1.0, 1.5])
+    if how == "deepcopy":
+        module = copy.deepcopy(original)
+    else:
+        buffer = io.BytesIO()
+        torch.save(original, buffer)
+        buffer.seek(0)
+        module = torch.load(buffer, weights_only=False)
+    opt = torch.optim.SGD(module.parameters(), lr=10.0)
+    (100 * module.r1.sum() - 100 * module.r2.sum()).backward()
+    opt.step()
+    assert (module.r1 > 0).all()
+    assert (module.r2 > 0).all() and (module.r2 <= 2).all()

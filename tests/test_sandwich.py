@@ -35,7 +35,10 @@ def test_matches_the_formula_everywhere(dim, num_heads):
     d = relative_positions(6, 40)
     expected = torch.tensor(
         [
-            [[sandwich_formula(int(d[r, j]), dim, h, num_heads) for j in range(40)] for r in range(6)]
+            [
+                [sandwich_formula(int(d[r, j]), dim, h, num_heads) for j in range(40)]
+                for r in range(6)
+            ]
             for h in range(1, num_heads + 1)
         ],
         dtype=torch.float64,

@@ -177,7 +177,8 @@ def hf_compute_bias(attention, q_len, k_len, q_start):
     if "past_seen_tokens" in params:
         out = attention.compute_bias(q_len, k_len, past_seen_tokens=q_start)
     elif "cache_position" in params:
-        out = attention.compute_bias(q_len, k_len, cache_position=torch.arange(q_start, q_start + q_len))
+        positions = torch.arange(q_start, q_start + q_len)
+        out = attention.compute_bias(q_len, k_len, cache_position=positions)
     else:  # pragma: no cover - a version that can only place queries at 0..q_len-1
         assert q_start == 0
         out = attention.compute_bias(q_len, k_len)
@@ -193,7 +194,9 @@ def hf_compute_bias(attention, q_len, k_len, q_start):
 def test_t5bias_equals_compute_bias(num_buckets, max_distance, causal, q_len, k_len):
     heads = 3
     ref = hf_attention(heads, num_buckets, max_distance, causal)
-    ours = T5Bias(heads, num_buckets=num_buckets, max_distance=max_distance, bidirectional=not causal)
+    ours = T5Bias(
+        heads, num_buckets=num_buckets, max_distance=max_distance, bidirectional=not causal
+    )
     assert ours.weight.shape == (heads, num_buckets)
     with torch.no_grad():
         ours.weight.copy_(ref.relative_attention_bias.weight.T)

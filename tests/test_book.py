@@ -1,0 +1,302 @@
+"""The book's sources are consistent: table of contents, chapter conventions, stored outputs.
+
+These checks need no kernel and no build; nbval (in scripts/test.sh) re-runs every
+chapter and compares its outputs, and tests/test_browser.py checks the built pages.
+
+- every notebook in book/ is in _toc.yml, and every _toc.yml entry exists;
+- the first code cell of every chapter is the Colab install cell, installing from the
+  repository URL of _config.yml, and prints nothing; the second picks the runtime;
+- stored outputs come from one clean top-to-bottom run: execution counts 1..n, no
+  errors, an output in every code cell (so the book's build, in myst-nb's "auto" mode,
+  does not run the notebooks again), no widget state, no SVG, no machine-specific text;
+- every {glue} role has a glued value in the same notebook, every {cite} key is in
+  references.bib, and a chapter that cites has a bibliography;
+- every chapter has learning goals, exercises and solutions;
+- the cells nbval skips or does not compare are counted and listed (kept few).
+"""
+
+from __future__ import annotations
+
+import configparser
+import json
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+BOOK = ROOT / "book"
+ARTIFACTS = ROOT / "artifacts"
+
+# nbval's markers: cell tags and comment lines that skip a cell or ignore its output.
+NBVAL_TAGS = {"nbval-skip", "nbval-ignore-output", "raises-exception", "nbval-check-output"}
+NBVAL_COMMENTS = ("# NBVAL_SKIP", "# NBVAL_IGNORE_OUTPUT", "# NBVAL_RAISES_EXCEPTION",
+                  "# PYTEST_VALIDATE_IGNORE_OUTPUT")
+MAX_MARKED_PER_CHAPTER = 2
+MAX_MARKED_TOTAL = 8
+
+
+def load(path: Path) -> dict:
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def source(cell: dict) -> str:
+    src = cell.get("source", "")
+    return "".join(src) if isinstance(src, list) else src
+
+
+def code_cells(nb: dict) -> list[dict]:
+    return [c for c in nb["cells"] if c["cell_type"] == "code"]
+
+
+def markdown(nb: dict) -> str:
+    return "\n".join(source(c) for c in nb["cells"] if c["cell_type"] == "markdown")
+
+
+def toc_entries() -> list[str]:
+    toc = yaml.safe_load((ROOT / "_toc.yml").read_text())
+    entries = [toc["root"]]
+
+    def walk(items):
+        for item in items or []:
+            if "file" in item:
+                entries.append(item["file"])
+            walk(item.get("sections"))
+
+    walk(toc.get("chapters"))
+    for part in toc.get("parts") or []:
+        walk(part.get("chapters"))
+    return entries
+
+
+def config() -> dict:
+    return yaml.safe_load((ROOT / "_config.yml").read_text())
+
+
+def repository_url() -> str:
+    return config()["repository"]["url"].rstrip("/")
+
+
+NOTEBOOKS = sorted(BOOK.glob("*.ipynb"))
+NOTEBOOK_IDS = [p.stem for p in NOTEBOOKS]
+
+
+def output_text(output: dict) -> str:
+    """All textual content of one output (stream text and every text-like mime type)."""
+    if output.get("output_type") == "stream":
+        text = output.get("text", "")
+        return "".join(text) if isinstance(text, list) else text
+    parts = []
+    for mime, value in (output.get("data") or {}).items():
+        if mime.startswith("text/") or mime.endswith("+json") or "papermill" in mime:
+            parts.append(value if isinstance(value, str) else json.dumps(value))
+    return "\n".join("".join(p) if isinstance(p, list) else p for p in parts)
+
+
+# --- the table of contents -------------------------------------------------------------------
+
+def test_config_and_toc_are_at_the_top_level():
+    assert (ROOT / "_config.yml").is_file() and (ROOT / "_toc.yml").is_file()
+    assert (ROOT / "references.bib").is_file()
+
+
+def test_every_toc_entry_exists():
+    missing = [e for e in toc_entries()
+               if not any((ROOT / f"{e.removesuffix('.ipynb')}{s}").is_file()
+                          for s in (".ipynb", ".md"))]
+    assert not missing, f"_toc.yml lists files that do not exist: {missing}"
+
+
+def test_every_notebook_is_in_the_toc():
+    listed = {e.removesuffix(".ipynb") for e in toc_entries()}
+    absent = [p.relative_to(ROOT).as_posix() for p in NOTEBOOKS
+              if p.relative_to(ROOT).with_suffix("").as_posix() not in listed]
+    assert not absent, f"notebooks in book/ missing from _toc.yml: {absent}"
+
+
+def test_toc_has_no_duplicates():
+    entries = [e.removesuffix(".ipynb") for e in toc_entries()]
+    assert len(entries) == len(set(entries))
+
+
+# --- _config.yml -------------------------------------------------------------------------------
+
+def test_config_essentials():
+    cfg = config()
+    assert cfg["execute"]["execute_notebooks"] == "auto"
+    assert cfg["execute"]["allow_errors"] is False
+    assert cfg["only_build_toc_files"] is True
+    assert cfg["repository"]["branch"] == "main"
+    assert re.fullmatch(r"https://github\.com/[\w.-]+/[\w.-]+", repository_url())
+    buttons = cfg["launch_buttons"]
+    assert buttons["colab_url"] and buttons["binderhub_url"]
+    assert buttons["notebook_interface"] == "classic"
+    assert "sphinx_exercise" in cfg["sphinx"]["extra_extensions"]
+    assert cfg["bibtex_bibfiles"] == ["references.bib"]
+
+
+def test_mathjax_is_served_by_the_book():
+    """MathJax comes from node_modules (npm, package.json), copied into _static."""
+    sphinx = config()["sphinx"]["config"]
+    assert not sphinx["mathjax_path"].startswith(("http:", "https:", "//"))
+    static = [ROOT / p for p in sphinx["html_static_path"]]
+    assert any((p / sphinx["mathjax_path"]).is_file() for p in static), (
+        f"{sphinx['mathjax_path']} is not in {sphinx['html_static_path']}: run `npm ci` "
+        "(scripts/setup.sh does)"
+    )
+
+
+# --- conventions of every chapter --------------------------------------------------------------
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=NOTEBOOK_IDS)
+def test_first_code_cell_installs_relbias_only_in_colab(path):
+    first = code_cells(load(path))[0]
+    src = source(first)
+    assert '"google.colab" in sys.modules' in src, "the first code cell must check for Colab"
+    urls = re.findall(r"git\+(https://[^\s\"'@]+)@main", src)
+    assert urls == [repository_url()], (
+        f"the install cell must pip-install relbias from {repository_url()}@main "
+        f"(_config.yml's repository.url), found {urls}"
+    )
+    assert "relbias[book]" in src
+    for out in first.get("outputs", []):
+        assert out["output_type"] != "stream", "the install cell must print nothing"
+        assert output_text(out).strip() in ("", "<IPython.core.display.Markdown object>")
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=NOTEBOOK_IDS)
+def test_second_code_cell_picks_the_runtime(path):
+    second = code_cells(load(path))[1]
+    assert "runtime_banner(" in source(second), (
+        "the second code cell imports and calls relbias.notebook.runtime_banner()"
+    )
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=NOTEBOOK_IDS)
+def test_chapter_has_goals_exercises_and_solutions(path):
+    text = markdown(load(path))
+    assert re.search(r"^#+ .*learning goals", text, re.I | re.M), "no 'Learning goals' heading"
+    assert "{exercise}" in text or "{exercise-start}" in text, "no exercise"
+    assert "{solution}" in text or "{solution-start}" in text, "no worked solution"
+
+
+# --- stored outputs ----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=NOTEBOOK_IDS)
+def test_outputs_are_one_clean_run(path):
+    cells = code_cells(load(path))
+    counts = [c.get("execution_count") for c in cells]
+    assert counts == list(range(1, len(cells) + 1)), (
+        f"execution counts {counts}: store the outputs of one top-to-bottom run "
+        f"(python -m relbias.notebook execute {path.relative_to(ROOT)})"
+    )
+    errors = [i for i, c in enumerate(cells)
+              for o in c.get("outputs", []) if o["output_type"] == "error"]
+    assert not errors, f"code cells {errors} stored an error"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=NOTEBOOK_IDS)
+def test_every_code_cell_has_an_output(path):
+    """myst-nb's "auto" mode re-runs a notebook in the build if any code cell has no output."""
+    empty = [i for i, c in enumerate(code_cells(load(path))) if not c.get("outputs")]
+    assert not empty, (
+        f"code cells {empty} (0-based among code cells) have no output, so the build would "
+        "execute the whole notebook again; end them with a value worth showing"
+    )
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=NOTEBOOK_IDS)
+def test_outputs_are_portable(path):
+    nb = load(path)
+    assert "widgets" not in nb.get("metadata", {}), (
+        "widget state is stored in the notebook: execute it with "
+        "`python -m relbias.notebook execute`, which does not store it"
+    )
+    machine = re.compile(r"0x[0-9a-f]{8,}|/home/|/work/|/tmp/|/Users/|site-packages")
+    for i, cell in enumerate(code_cells(nb)):
+        for out in cell.get("outputs", []):
+            assert "image/svg+xml" not in out.get("data", {}), f"cell {i}: SVG output (use PNG)"
+            text = output_text(out)
+            hit = machine.search(text)
+            assert not hit, f"code cell {i}: machine-specific output {hit.group(0)!r}"
+            assert "\r" not in text, f"code cell {i}: a progress bar was stored"
+
+
+# --- glue, citations ---------------------------------------------------------------------------
+
+GLUE_ROLE = re.compile(r"\{glue(?::\w+)?\}`([^`]+)`")
+CITE_ROLE = re.compile(r"\{cite(?::\w+)?\}`([^`]+)`")
+
+
+def glued_names(nb: dict) -> set[str]:
+    names = set()
+    for cell in code_cells(nb):
+        for out in cell.get("outputs", []):
+            scrap = (out.get("metadata") or {}).get("scrapbook") or {}
+            if "name" in scrap:
+                names.add(scrap["name"])
+    return names
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=NOTEBOOK_IDS)
+def test_every_glue_role_has_a_value(path):
+    nb = load(path)
+    used = {m.split(":")[0].split("::")[-1] for m in GLUE_ROLE.findall(markdown(nb))}
+    missing = sorted(used - glued_names(nb))
+    assert not missing, f"{{glue}} roles without a glued value in this notebook: {missing}"
+
+
+def bib_keys() -> set[str]:
+    return set(re.findall(r"^@\w+\{([^,\s]+),", (ROOT / "references.bib").read_text(), re.M))
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=NOTEBOOK_IDS)
+def test_citations_resolve(path):
+    text = markdown(load(path))
+    keys = {k.strip() for group in CITE_ROLE.findall(text) for k in group.split(",")}
+    unknown = sorted(keys - bib_keys())
+    assert not unknown, f"cited keys missing from references.bib: {unknown}"
+    if keys:
+        assert "{bibliography}" in text, "a chapter that cites needs a ```{bibliography}```"
+
+
+# --- nbval ---------------------------------------------------------------------------------------
+
+def nbval_marked_cells() -> list[tuple[str, int, str]]:
+    """(notebook, code-cell index, marker) for every cell nbval skips or does not compare."""
+    found = []
+    for path in NOTEBOOKS:
+        for i, cell in enumerate(code_cells(load(path))):
+            tags = set(cell.get("metadata", {}).get("tags", [])) & NBVAL_TAGS
+            comments = {line.strip() for line in source(cell).splitlines()
+                        if line.strip().startswith(NBVAL_COMMENTS)}
+            for marker in sorted(tags | comments):
+                found.append((path.name, i, marker))
+    return found
+
+
+def test_cells_that_nbval_skips_or_ignores_are_few():
+    marked = nbval_marked_cells()
+    ARTIFACTS.mkdir(exist_ok=True)
+    lines = [f"{nb} code cell {i}: {marker}" for nb, i, marker in marked]
+    (ARTIFACTS / "nbval_marked_cells.txt").write_text(
+        f"{len(marked)} cells that nbval skips or does not compare\n" + "\n".join(lines) + "\n"
+    )
+    print("\n".join([f"nbval marked cells: {len(marked)}", *lines]))
+    per_chapter: dict[str, int] = {}
+    for nb, _, _ in marked:
+        per_chapter[nb] = per_chapter.get(nb, 0) + 1
+    crowded = {nb: n for nb, n in per_chapter.items() if n > MAX_MARKED_PER_CHAPTER}
+    assert not crowded, f"more than {MAX_MARKED_PER_CHAPTER} nbval-marked cells: {crowded}"
+    assert len(marked) <= MAX_MARKED_TOTAL, lines
+
+
+def test_sanitize_file_is_valid():
+    """book/sanitize.cfg (passed to nbval by scripts/test.sh): every section a valid regex."""
+    parser = configparser.ConfigParser()
+    parser.read(BOOK / "sanitize.cfg")
+    assert parser.sections(), "book/sanitize.cfg has no sanitiser"
+    for section in parser.sections():
+        re.compile(parser[section]["regex"])
+        assert "replace" in parser[section]
