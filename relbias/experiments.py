@@ -75,6 +75,7 @@ def _readback(model, config: Config) -> dict | None:
     max_offset = 2 * config.train_len - 1
     table = learned_bias(model, max_offset)
     return {"max_offset": max_offset, "query_position": max_offset,
+            "module": repr(model.bias_modules()[0]),
             "values": [[round(v, 5) for v in row] for row in table.tolist()]}
 
 

@@ -199,6 +199,22 @@ def plot_offset_profiles(biases: dict, max_offset: int, *, reference: dict | Non
     return fig
 
 
+def penalty_reach(bias: RelativeBias, threshold: float = 5.0, *, max_offset: int = 100_000):
+    """Per head: the first offset whose bias is at or below ``-threshold``, or None.
+
+    A penalty of 5 cuts a key's attention weight by a factor e^5 (about 150) against a
+    key at offset 0 with the same content score: a rough measure of how far a head sees.
+    Only for offset-only families.
+    """
+    with torch.no_grad():
+        table = bias.offset_table(0, max_offset).double().cpu()
+    reach = []
+    for row in table:
+        hits = (row <= -threshold).nonzero()
+        reach.append(int(hits[0]) if hits.numel() else None)
+    return reach
+
+
 # --- Kerple -------------------------------------------------------------------------------
 
 
@@ -298,4 +314,83 @@ def extrapolation_rows(results: dict, *, methods=None):
         rec = results["methods"][name]
         bpb = [r["bpb"] for r in rec["eval"]]
         rows.append([name, rec["params"], *bpb, bpb[-1] / bpb[0]])
+    return rows, headers
+
+
+# --- the book's Table 2.4, extended --------------------------------------------------------
+
+#: PE(i, j) of each method in the book's notation (Table 2.4 and Eqs. 2.78-2.84), and what
+#: the book calls its hyper-parameters; the baselines add no bias.
+TABLE_2_4 = {
+    "offset": (r"$u_{i-j}$ (clipped at $m_l - 1$)", "none"),
+    "t5": (r"$u_{b(i-j)}$", r"$n_b$, $\mathrm{dist}_{max}$"),
+    "alibi": (r"$-\beta\,(i-j)$", r"$\beta$ per head (fixed slopes)"),
+    "sandwich": (r"$\sum_{k=1}^{d'/2}\cos\big((i-j)/10000^{2k/d'}\big)$", r"$d'$"),
+    "kerple_power": (r"$-\beta_1\,|i-j|^{\beta_2}$", r"none: $\beta_1, \beta_2$ learned"),
+    "kerple_log": (r"$-\beta_1 \log(1 + \beta_2\,|i-j|)$", r"none: $\beta_1, \beta_2$ learned"),
+    "fire": (r"$f_\theta\big(\psi(i-j)/\psi(\max(m_{len}, i))\big)$",
+             r"hidden size; $c$, $m_{len}$ learned"),
+    "nope": ("no positional information", "none"),
+    "sinusoidal": ("sinusoidal absolute embedding", "none"),
+    "learned": ("learned absolute embedding", r"$m_l$"),
+    "rope": ("rotary embedding of $q$, $k$", "base"),
+}
+
+
+def positional_parameters(name: str, config) -> int:
+    """Learnable positional parameters of a :class:`~relbias.model.TinyLM` built with ``config``.
+
+    Counts the bias module (shared by the layers, as TinyLM does by default) or the
+    learned absolute table; 0 for the parameter-free schemes.
+    """
+    from .model import BIAS_POSITIONS, default_bias_kwargs
+    from .registry import make_bias
+
+    if name in BIAS_POSITIONS:
+        bias = make_bias(name, config.heads, **default_bias_kwargs(name, config.train_len))
+        return sum(p.numel() for p in bias.parameters() if p.requires_grad)
+    if name == "learned":
+        return config.train_len * config.dim
+    return 0
+
+
+def bias_values_computed(name: str, config, length: int) -> str:
+    """How much work one ``length x length`` causal bias takes, as a short description.
+
+    Offset-only families compute one value per head for each of the ``2 length - 1``
+    offsets of the square (then gather); FIRE runs its MLP at all ``length^2`` (query, key)
+    pairs, each costing ``hidden + hidden * heads`` multiply-adds.
+    """
+    from .model import BIAS_POSITIONS, default_bias_kwargs
+    from .registry import make_bias
+
+    if name not in BIAS_POSITIONS:
+        return {"rope": "rotates q, k: O(n d)", "learned": "table lookup: O(n d)",
+                "sinusoidal": "O(n d) once", "nope": "nothing"}[name]
+    bias = make_bias(name, config.heads, **default_bias_kwargs(name, config.train_len))
+    if bias.offset_only:
+        return f"{2 * length - 1:,} values per head (table + gather)"
+    macs = length * length * (bias.hidden + bias.hidden * bias.num_heads)
+    return f"{length * length:,} MLP inputs, {macs / 1e6:,.0f} M multiply-adds"
+
+
+def table_2_4_rows(results: dict, config, *, cost_length: int = 1024):
+    """The book's Table 2.4, extended with measurements: ``(rows, headers)``.
+
+    For every method in ``results`` (an extrapolation result): PE(i, j) in the book's
+    notation, what the book calls hyper-parameters, learnable positional parameters of the
+    TinyLM of ``config``, the work to build a ``cost_length`` bias, the training speed
+    recorded in ``results``, and the extrapolation measured there (bits per byte at the
+    longest length over those at the training length).
+    """
+    headers = ["method", "PE(i, j)", "hyper-parameters", "learned parameters",
+               f"bias for n = {cost_length}", "training tokens/s (stored)",
+               "bpb longest / bpb train"]
+    rows = []
+    for name, rec in results["methods"].items():
+        formula, hyper = TABLE_2_4[name]
+        bpb = [r["bpb"] for r in rec["eval"]]
+        rows.append([name, formula, hyper, positional_parameters(name, config),
+                     bias_values_computed(name, config, cost_length),
+                     round(rec["train"]["tokens_per_s"]), bpb[-1] / bpb[0]])
     return rows, headers

@@ -14,6 +14,12 @@ scores in every layer) or one of the baselines readers compare against:
 ``rope``
     rotary position embedding (Su et al., 2021) applied to queries and keys.
 
+Embedding scale (as fairseq's transformer LM, the code base of the ALiBi paper): token
+embeddings are initialised with std ``dim ** -0.5`` and multiplied by ``sqrt(dim)``, so
+that token and absolute-position signals start at comparable sizes (the sinusoid has
+RMS ``0.707`` per dimension); the learned absolute table is initialised with std
+``dim ** -0.5``. Input and output embeddings are tied.
+
 Bias sharing: by default (``share_bias=True``) one bias module serves every layer,
 as T5 shares its bucket table across layers; ``share_bias=False`` gives every layer
 its own module (own parameters for learnable families).
@@ -68,7 +74,7 @@ class LearnedPositions(nn.Module):
 
     def __init__(self, size: int, dim: int, fallback: str = "error"):
         super().__init__()
-        self.weight = nn.Parameter(torch.randn(size, dim) * 0.02)
+        self.weight = nn.Parameter(torch.randn(size, dim) * dim**-0.5)
         self.fallback = _check_fallback(fallback)
 
     def forward(self, seq_len: int) -> torch.Tensor:
@@ -193,7 +199,8 @@ class TinyLM(nn.Module):
         factor (``rope_scale`` can be changed after training).
 
     ``forward(idx)`` takes byte ids ``[batch, len]`` and returns logits
-    ``[batch, len, vocab_size]``. Input and output embeddings are tied.
+    ``[batch, len, vocab_size]``. Input and output embeddings are tied; token
+    embeddings are scaled by ``sqrt(dim)`` (see the module docstring).
     """
 
     def __init__(
@@ -224,6 +231,7 @@ class TinyLM(nn.Module):
         self.heads, self.depth, self.share_bias = heads, depth, share_bias
         self.bias_kwargs = {**default_bias_kwargs(position, train_len), **(bias_kwargs or {})}
         self.embed = nn.Embedding(vocab_size, dim)
+        self.embed_scale = math.sqrt(dim)
         self.abs_pos = (
             LearnedPositions(train_len, dim, learned_fallback) if position == "learned" else None
         )
@@ -269,14 +277,16 @@ class TinyLM(nn.Module):
         for name, p in self.named_parameters():
             if name.startswith("bias") or ".bias." in name:
                 continue  # the bias families initialise themselves
-            if p.dim() == 2 and not name.startswith("abs_pos"):
+            if name == "embed.weight":
+                nn.init.normal_(p, std=self.dim**-0.5)
+            elif p.dim() == 2 and not name.startswith("abs_pos"):
                 nn.init.normal_(p, std=0.02)
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
         if idx.dim() != 2:
             raise ValueError(f"idx must be [batch, len], got shape {tuple(idx.shape)}")
         t = idx.shape[1]
-        x = self.embed(idx)
+        x = self.embed(idx) * self.embed_scale
         if self.position == "sinusoidal":
             x = x + sinusoidal_positions(t, self.dim, device=x.device).to(x.dtype)
         elif self.abs_pos is not None:

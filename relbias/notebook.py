@@ -14,7 +14,9 @@ them with a fresh run):
 - :func:`explorer` builds an ipywidgets explorer that redraws a figure when a slider
   moves (live kernels only); the static book shows a figure drawn by the same function.
 - :func:`plot_bias_matrix` and :func:`plot_bias_by_offset` are the static figures of a
-  bias: PE(i, j) as a matrix per head, and PE against the offset i - j per head.
+  bias: PE(i, j) as a matrix per head, and PE against the offset i - j per head;
+  :func:`plot_bias_gallery` puts several biases side by side, and
+  :func:`plot_index_matrix` labels every cell of an offset or bucket matrix (u_5, ...).
 
 Figures are built with :class:`matplotlib.figure.Figure` directly (not pyplot), so a
 helper never leaves a figure behind that Jupyter would display a second time.
@@ -40,7 +42,9 @@ __all__ = [
     "glue",
     "in_colab",
     "plot_bias_by_offset",
+    "plot_bias_gallery",
     "plot_bias_matrix",
+    "plot_index_matrix",
     "runtime_banner",
     "show",
     "show_source",
@@ -438,6 +442,88 @@ def plot_bias_by_offset(bias, max_offset: int = 64, *, min_offset: int = 0,
         ax.legend(fontsize=7, ncol=2)
     if title:
         ax.set_title(title, fontsize=10)
+    return fig
+
+
+def plot_index_matrix(index, *, first_query: int = 0, label: str = "u",
+                      highlight=None, causal: bool = True, title: str | None = None,
+                      ax=None, size: float | None = None):
+    """An integer matrix ``[q_len, k_len]`` (offsets, buckets) with each cell labelled.
+
+    Every cell shows ``label_value`` (e.g. :math:`u_5`), coloured by its value. Queries sit
+    at positions ``first_query ..`` and keys at ``0 ..``. ``highlight`` is a boolean matrix
+    of cells to stress (the others are faded); ``causal=True`` blanks the future keys.
+    Draws into ``ax`` if given; returns the Figure.
+    """
+    import numpy as np
+    from matplotlib import colormaps
+
+    index = torch.as_tensor(index)
+    rows, cols = index.shape
+    i = torch.arange(first_query, first_query + rows)[:, None]
+    j = torch.arange(cols)[None, :]
+    future = (j > i) if causal else torch.zeros(rows, cols, dtype=torch.bool)
+    if ax is None:
+        size = size or max(4.2, 0.42 * rows)
+        fig, ax = figure(size * min(cols / rows, 1.6) + 0.4, size)
+    else:
+        fig = ax.figure
+    values = index.numpy().astype(float)
+    low, high = float(values.min()), float(values.max())
+    span = high - low or 1.0
+    cmap = colormaps["viridis"]
+    rgba = cmap((values - low) / span)
+    if highlight is not None:
+        fade = ~torch.as_tensor(highlight, dtype=torch.bool).numpy()
+        rgba[fade] = 0.25 * rgba[fade] + 0.75
+    rgba[future.numpy()] = (1.0, 1.0, 1.0, 1.0)
+    ax.imshow(rgba, extent=(-0.5, cols - 0.5, first_query + rows - 0.5, first_query - 0.5))
+    fontsize = 8 if max(rows, cols) <= 16 else 6
+    for r in range(rows):
+        for c in range(cols):
+            if future[r, c]:
+                continue
+            v = int(index[r, c])
+            shade = np.asarray(rgba[r, c][:3]).mean()
+            ax.text(c, first_query + r, f"${label}_{{{v}}}$", ha="center", va="center",
+                    fontsize=fontsize, color="black" if shade > 0.5 else "white")
+    ax.set_xticks(range(cols))
+    ax.set_yticks(range(first_query, first_query + rows))
+    ax.tick_params(labelsize=7)
+    ax.set_xlabel("key position j")
+    ax.set_ylabel("query position i")
+    if title:
+        ax.set_title(title, fontsize=10)
+    return fig
+
+
+def plot_bias_gallery(biases: dict, q_len: int = 12, *, head: int = 0, ncols: int = 4,
+                      causal: bool = True, title: str | None = None):
+    """PE(i, j) of one head for several biases side by side (one panel each, own colours).
+
+    ``biases`` maps a panel title to a :class:`~relbias.RelativeBias` or a tensor
+    ``[heads, q_len, k_len]``. Returns the Figure.
+    """
+    n = len(biases)
+    ncols = min(ncols, n)
+    nrows = math.ceil(n / ncols)
+    fig, axes = figure(2.5 * ncols + 0.5, 2.5 * nrows + 0.3, nrows=nrows, ncols=ncols)
+    flat = [axes] if n == 1 else list(axes.flat)
+    i = torch.arange(q_len)[:, None]
+    j = torch.arange(q_len)[None, :]
+    for ax, (name, bias) in zip(flat, biases.items()):
+        mat = _bias_tensor(bias, q_len, None, None)[head].clone()
+        if causal:
+            mat[j > i] = float("nan")
+        image = ax.imshow(mat.numpy(), cmap="viridis")
+        ax.set_title(name, fontsize=9)
+        ax.set_xticks([])
+        ax.set_yticks([])
+        fig.colorbar(image, ax=ax, shrink=0.75)
+    for ax in flat[n:]:
+        ax.axis("off")
+    if title:
+        fig.suptitle(title, fontsize=10)
     return fig
 
 
