@@ -202,6 +202,7 @@ def make_recall_batch(
     distance,
     *,
     num_pairs: int = 1,
+    num_distractors: int = 0,
     generator: torch.Generator,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Key-value recall where the answer lies exactly ``distance`` positions back.
@@ -211,43 +212,57 @@ def make_recall_batch(
     one of those keys again and the target there is its digit. The target value sits
     at position ``seq_len - 1 - distance``, so the model must copy it from exactly
     ``distance`` tokens back (``1 <= distance <= seq_len - 2``). The other pairs use
-    other keys, at random positions. Every other target is -100 (ignored).
+    other keys, at random positions. ``num_distractors`` lone digits (not preceded by
+    a key) are scattered over the filler, so that the answer cannot be found as "the
+    only digit" but only as "the digit after the key". Every other target is -100.
 
     ``distance`` is an int or a LongTensor ``[batch_size]``. Returns ``(inputs, targets)``
     as LongTensors ``[batch_size, seq_len]``.
     """
     _check_positive(batch_size=batch_size, seq_len=seq_len, num_pairs=num_pairs)
+    if isinstance(num_distractors, bool) or not isinstance(num_distractors, int) \
+            or num_distractors < 0:
+        raise ValueError(f"num_distractors must be an integer >= 0, got {num_distractors!r}")
     dist = torch.as_tensor(distance, dtype=torch.long).expand(batch_size)
     if int(dist.min()) < 1 or int(dist.max()) > seq_len - 2:
         raise ValueError(f"distance must lie in 1..seq_len-2 = 1..{seq_len - 2}, got {distance}")
-    if num_pairs > len(KEYS) or 2 * num_pairs + 1 > seq_len:
-        raise ValueError(f"num_pairs={num_pairs} pairs do not fit in seq_len={seq_len}")
+    if num_pairs > len(KEYS) or 2 * num_pairs + num_distractors + 1 > seq_len:
+        raise ValueError(f"num_pairs={num_pairs} pairs and {num_distractors} distractors "
+                         f"do not fit in seq_len={seq_len}")
     filler = torch.tensor(list(FILLER))
     x = filler[torch.randint(len(FILLER), (batch_size, seq_len), generator=generator)]
     y = torch.full((batch_size, seq_len), -100, dtype=torch.long)
     for b in range(batch_size):
-        _write_pairs(x[b], int(dist[b]), num_pairs, generator)
+        _write_pairs(x[b], int(dist[b]), num_pairs, num_distractors, generator)
         y[b, -1] = x[b, seq_len - 1 - int(dist[b])]
     return x, y
 
 
-def _write_pairs(row: torch.Tensor, distance: int, num_pairs: int, gen: torch.Generator) -> None:
-    """Write the target pair, the distractor pairs and the query key into ``row``."""
+def _write_pairs(row: torch.Tensor, distance: int, num_pairs: int, num_distractors: int,
+                 gen: torch.Generator) -> None:
+    """Write the target pair, the other pairs, lone digits and the query key into ``row``."""
     n = row.numel()
     keys = torch.tensor(list(KEYS))[torch.randperm(len(KEYS), generator=gen)[:num_pairs]]
     values = torch.tensor(list(VALUES))[torch.randint(len(VALUES), (num_pairs,), generator=gen)]
     value_pos = n - 1 - distance
     taken = {value_pos - 1, value_pos, n - 1}
-    slots = [value_pos]
+    slots, lone = [value_pos], []
     for p in torch.randperm(n - 2, generator=gen).tolist():
-        if len(slots) == num_pairs:
-            break
         pos = p + 1  # a value position in 1..n-2, its key at pos - 1
-        if pos not in taken and pos - 1 not in taken:
-            taken.update({pos - 1, pos})
-            slots.append(pos)
-    if len(slots) < num_pairs:
-        raise ValueError(f"num_pairs={num_pairs} pairs do not fit in seq_len={n}")
+        if len(slots) < num_pairs:
+            if pos not in taken and pos - 1 not in taken:
+                taken.update({pos - 1, pos})
+                slots.append(pos)
+        elif len(lone) < num_distractors and pos not in taken:
+            lone.append(pos)
+        if len(slots) == num_pairs and len(lone) == num_distractors:
+            break
+    if len(slots) < num_pairs or len(lone) < num_distractors:
+        raise ValueError(f"num_pairs={num_pairs} pairs and {num_distractors} distractors "
+                         f"do not fit in seq_len={n}")
     for key, value, pos in zip(keys, values, slots):
         row[pos - 1], row[pos] = key, value
+    digits = torch.tensor(list(VALUES))
+    for pos in lone:
+        row[pos] = digits[torch.randint(len(VALUES), (1,), generator=gen)]
     row[n - 1] = keys[0]

@@ -199,17 +199,17 @@ def extrapolation_table(results: dict) -> str:
     return "\n".join(lines)
 
 
-def _retrieval_row(method: str, rec: dict) -> str:
-    cells = " ".join(f"{r['accuracy']:6.2f}" for r in rec["eval"])
-    return f"{method:13s} {cells}"
-
-
 def retrieval_table(results: dict) -> str:
-    """The results as a text table: accuracy at each (length, distance)."""
+    """The results as text: one block per sequence length, accuracy at each distance."""
     first = next(iter(results["methods"].values()))
-    head = " ".join(f"{r['length']:>4d}:{r['distance']:<3d}"[:6].rjust(6) for r in first["eval"])
-    lines = ["accuracy at sequence length:distance", f"{'method':13s} {head}"]
-    lines += [_retrieval_row(m, rec) for m, rec in results["methods"].items()]
+    lines = []
+    for length in sorted({r["length"] for r in first["eval"]}):
+        distances = [r["distance"] for r in first["eval"] if r["length"] == length]
+        lines.append(f"accuracy at sequence length {length}, by distance back to the answer")
+        lines.append(f"{'method':13s} " + " ".join(f"{d:>5d}" for d in distances))
+        for method, rec in results["methods"].items():
+            acc = {r["distance"]: r["accuracy"] for r in rec["eval"] if r["length"] == length}
+            lines.append(f"{method:13s} " + " ".join(f"{acc[d]:5.2f}" for d in distances))
     return "\n".join(lines)
 
 

@@ -312,12 +312,70 @@ class FIREBias(PreparedBias):
 
     def flipped_rows(self, start, stop, k_stop, causal, dtype):
         psi, future = self._reversed(causal, dtype)
-        x = _reversed_hankel(psi[None], self.q_len, start, stop, k_stop)[0, 0]
-        x = x / self.denominator[start:stop].flip(0)[:, None]
-        bias = self._mlp(x).to(dtype)
+        x_num = _reversed_hankel(psi[None], self.q_len, start, stop, k_stop)[0, 0]
+        den = self.denominator[start:stop].flip(0)
+        fut = None
         if future is not None:
-            bias = bias + _reversed_hankel(future[None], self.q_len, start, stop, k_stop)[0]
+            fut = _reversed_hankel(future[None], self.q_len, start, stop, k_stop)[0, 0]
+        if _use_fused_fire(self, dtype):
+            if fut is None:
+                fut = x_num.new_zeros(())
+            fused = _timed(_fused_fire_block(), ("fire_block", self.num_heads, self.hidden,
+                                                 fut.dim()))
+            bias = fused(x_num, fut, den, self.w1, self.b1, self.w2, self.b2)
+            return bias.to(dtype)[None]
+        bias = self._mlp(x_num / den[:, None]).to(dtype)
+        if fut is not None:
+            bias = bias + fut
         return bias[None]
+
+
+def _fire_block(x_num, future, den, w1, b1, w2, b2):
+    """FIRE's bias for a block of rows in one pass: ``[heads, rows, keys]``.
+
+    The hidden unit ``u`` is computed once per score and shared by all heads (the
+    heads are separate outputs of one loop, which the compiler fuses).
+    """
+    x = x_num / den[:, None]
+    outs = [future + b2[h] for h in range(w2.shape[0])]
+    for u in range(w1.shape[0]):
+        hidden = torch.relu(x * w1[u] + b1[u])
+        outs = [out + w2[h, u] * hidden for h, out in enumerate(outs)]
+    return torch.stack(outs)
+
+
+_FUSED_FIRE = []
+#: Evaluate FIRE's block bias with a compiled, fused kernel on the CPU (no gradients).
+FUSE_FIRE = True
+
+
+def _use_fused_fire(bias, dtype) -> bool:
+    if not FUSE_FIRE or bias.psi_table.dtype != torch.float32 or bias.device.type != "cpu":
+        return False
+    return not (torch.is_grad_enabled() and bias.requires_grad)
+
+
+def _fused_fire_block():
+    if not _FUSED_FIRE:
+        _FUSED_FIRE.append(torch.compile(_fire_block, dynamic=True))
+    return _FUSED_FIRE[0]
+
+
+def _timed(fn, key):
+    """Call ``fn``, recording the first call per ``key`` as a compilation."""
+    def call(*args, **kwargs):
+        with torch._dynamo.config.patch(recompile_limit=1024, accumulated_recompile_limit=4096):
+            if key in _COMPILE_TIMES:
+                return fn(*args, **kwargs)
+            start = time.perf_counter()
+            out = fn(*args, **kwargs)
+        seconds = time.perf_counter() - start
+        _COMPILE_TIMES[key] = seconds
+        _STATS["compiles"] += 1
+        _STATS["compile_seconds"] += seconds
+        return out
+
+    return call
 
 
 def prepare_bias(bias: RelativeBias, q_len, k_len=None, *, q_start=None) -> PreparedBias:
@@ -350,7 +408,7 @@ def prepare_bias(bias: RelativeBias, q_len, k_len=None, *, q_start=None) -> Prep
 #: Query rows per call of the fused kernel in causal :func:`table_attention`.
 TABLE_BLOCK_ROWS = 256
 #: At most this many bias entries (heads x rows x keys) per block for FIRE.
-FIRE_BLOCK_ENTRIES = 1 << 22
+FIRE_BLOCK_ENTRIES = 1 << 23
 
 
 def table_attention(q, k, v, bias: PreparedBias, *, causal=True, block_rows=None):
@@ -509,15 +567,6 @@ def flex_attention_with_bias(q, k, v, bias: PreparedBias | None, *, causal=True,
         None if bias is None else (bias.kind, getattr(bias, "hidden", None)),
         causal, q_start if causal else None, torch.is_grad_enabled(),
     )
-    fn = _compiled_flex()
     _STATS["calls"] += 1
-    with torch._dynamo.config.patch(recompile_limit=1024, accumulated_recompile_limit=4096):
-        if key in _COMPILE_TIMES:
-            return fn(q, k, v, score_mod=score_mod, block_mask=block_mask)
-        start = time.perf_counter()
-        out = fn(q, k, v, score_mod=score_mod, block_mask=block_mask)
-    seconds = time.perf_counter() - start
-    _COMPILE_TIMES[key] = seconds
-    _STATS["compiles"] += 1
-    _STATS["compile_seconds"] += seconds
-    return out
+    call = _timed(_compiled_flex(), key)
+    return call(q, k, v, score_mod=score_mod, block_mask=block_mask)

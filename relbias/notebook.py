@@ -116,11 +116,9 @@ def runtime_banner(config: str | None = None, *, seed: int = 0, verbose: bool = 
         where = {"cpu": "CPU", "cuda": "GPU (CUDA)", "mps": "Apple GPU (MPS)"}.get(
             device.type, device.type
         )
-        print(
-            f"relbias {_version()} | device: {where} | configuration: {cfg.name} "
-            f"(train_len={cfg.train_len}, {cfg.steps} steps; quick on a CPU or under CI, "
-            "full on a GPU)"
-        )
+        print(f"relbias {_version()} | device: {where} | configuration: {cfg.name} "
+              f"(train_len={cfg.train_len}, {cfg.steps} steps)")
+        print("(quick on a CPU and whenever CI is set; full on a GPU)")
     return Runtime(device=device, config=cfg)
 
 
@@ -237,9 +235,8 @@ def glue(name: str, value, display: bool = False):
 
     Uses :func:`myst_nb.glue` when myst-nb is installed (as in the book's build), and does
     nothing otherwise (e.g. a bare Colab kernel). Tensors and NumPy scalars are glued as
-    Python numbers and strings without quotes. Returns ``value`` unchanged, so a cell can
-    glue and use a result at once. Format numbers in the role:
-    ``{glue:text}`name:.3f```.
+    Python numbers and strings without quotes. Returns None, so a cell may end with it
+    without echoing the value. Format numbers in the role: ``{glue:text}`name:.3f```.
     """
     plain = _plain(value)
     if isinstance(plain, str):
@@ -249,9 +246,9 @@ def glue(name: str, value, display: bool = False):
     except ImportError:
         if display:
             _display(plain)
-        return value
+        return None
     _myst_glue(name, plain, display=display)
-    return value
+    return None
 
 
 # --- tables ----------------------------------------------------------------------------------

@@ -62,6 +62,7 @@ class Config:
     probe_steps: int = 600
     probe_batch_size: int = 32
     probe_num_pairs: int = 1
+    probe_distractors: int = 0
     probe_eval_factors: tuple = (1, 4)
     probe_eval_samples: int = 100
 
@@ -75,7 +76,8 @@ class Config:
             if isinstance(value, list):
                 value = tuple(value)
                 object.__setattr__(self, f.name, value)
-            if f.name in ("name", "lr", "weight_decay", "grad_clip", "seed"):
+            if f.name in ("name", "lr", "weight_decay", "grad_clip", "seed",
+                          "probe_distractors"):
                 continue
             items = value if isinstance(value, tuple) else (value,)
             if not items or any(isinstance(v, bool) or not isinstance(v, int) or v < 1
@@ -333,7 +335,8 @@ def probe_batches(config: Config, *, max_distance: int | None = None):
         dist = torch.randint(1, max_distance + 1, (config.probe_batch_size,), generator=gen)
         return make_recall_batch(
             config.probe_batch_size, config.train_len, dist,
-            num_pairs=config.probe_num_pairs, generator=gen,
+            num_pairs=config.probe_num_pairs, num_distractors=config.probe_distractors,
+            generator=gen,
         )
 
     return batch
@@ -375,7 +378,7 @@ def evaluate_retrieval(
     rows = []
     for d in distances:
         x, y = make_recall_batch(samples, seq_len, d, num_pairs=config.probe_num_pairs,
-                                 generator=gen)
+                                 num_distractors=config.probe_distractors, generator=gen)
         correct = 0
         for start in range(0, samples, config.eval_batch_size * 4):
             xb = x[start:start + config.eval_batch_size * 4].to(device)

@@ -1,0 +1,659 @@
+"""Benchmark: how fast, and in how much memory, each way of applying a bias runs.
+
+``python -m relbias.bench`` measures, side by side in one run, for every bias family
+and every length n: the forward time (and, for n <= ``--backward-max``, forward plus
+backward) and the peak memory of
+
+* ``sdpa``: plain causal ``scaled_dot_product_attention`` with no bias (the floor);
+* ``materialize``, ``table``, ``flex``: :func:`relbias.biased_attention` with that
+  backend (see :mod:`relbias.flex`);
+* ``xt``: x-transformers' ``RelativePositionBias`` (T5) and ``AlibiPositionalBias``
+  (ALiBi), applied with its ``Attend`` module (its default, non-flash path);
+* ``hf_t5``: HuggingFace's ``T5Attention.compute_bias``, added with the causal mask
+  to ``scaled_dot_product_attention``.
+
+Ratios are to the floor at the same n. Results print as tables and go to JSON with
+the machine, the torch version and the thread count (``--out``). ``--quick`` runs a
+small configuration in about a minute. Not a test: timings vary from run to run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import math
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+import torch
+from torch.nn import functional as F
+
+from . import flex
+from .attention import biased_attention
+from .registry import BIAS_NAMES, make_bias
+
+OUR_METHODS = ("materialize", "table", "flex")
+ALL_METHODS = ("sdpa", *OUR_METHODS, "xt", "hf_t5")
+REFERENCES = {"xt": ("t5", "alibi"), "hf_t5": ("t5",)}
+#: Dense methods hold about this many [heads, n, n] float tensors at once (forward).
+DENSE_COPIES = {"materialize": 2, "xt": 4, "hf_t5": 3}
+FULL_LENGTHS = (512, 1024, 2048, 4096, 8192, 16384)
+QUICK_LENGTHS = (256, 512)
+
+METHOD_NOTES = {
+    "sdpa": "F.scaled_dot_product_attention(q, k, v, is_causal=True), no bias: the floor",
+    "materialize": "relbias.biased_attention(backend='materialize'): [H, n, n] bias + causal "
+    "-inf as a 4-D additive mask of scaled_dot_product_attention",
+    "table": "relbias.biased_attention(backend='table'): offset-only families read their "
+    "O(n) table through a zero-copy strided (Hankel) mask with reversed query rows, causal "
+    "attention in blocks of query rows; FIRE evaluates its MLP per block of rows with a "
+    "compiled fused kernel",
+    "flex": "relbias.biased_attention(backend='flex'): compiled FlexAttention, score_mod "
+    "reads the O(n) table (FIRE: computes its MLP per score), causal block mask",
+    "xt": "x-transformers RelativePositionBias / AlibiPositionalBias -> [H, n, n] bias, "
+    "applied by x_transformers.attend.Attend(causal=True) (its default einsum path)",
+    "hf_t5": "transformers T5Attention(is_decoder=True).compute_bias -> [1, H, n, n] bias, "
+    "plus causal -inf, as the mask of scaled_dot_product_attention",
+}
+
+TIMING_METHOD = (
+    "Wall-clock seconds (time.perf_counter) of one call, after one warm-up call that also "
+    "compiles FlexAttention; methods interleaved within each repeat so that load from other "
+    "processes spreads over all of them; the median over repeats is reported, with every "
+    "sample. The floor's samples are pooled over all families at the same n. compile_seconds "
+    "= first call minus the median call. Process CPU time (time.process_time, all threads) "
+    "is recorded as well (cpu_seconds_min: the least over repeats)."
+)
+MEMORY_METHOD = (
+    "Peak resident memory, measured in a fresh subprocess per length with glibc's mmap "
+    "threshold fixed at 64 KiB (MALLOC_MMAP_THRESHOLD_=65536), so that every tensor's memory "
+    "is returned to the system when freed and resident memory tracks live tensors. After a "
+    "warm-up call (compilation), the kernel's peak-RSS counter is reset (writing 5 to "
+    "/proc/self/clear_refs) and VmHWM is read after one call: peak_extra_bytes = VmHWM - RSS "
+    "before the call (the output, the bias, all temporaries, kernel workspace). peak_bytes = "
+    "peak_extra_bytes + the bytes of q, k, v (the memory of the attention call, inputs "
+    "included); memory ratios are of peak_bytes. persistent_bytes = RSS growth during the "
+    "warm-up call (caches such as x-transformers' stored ALiBi bias, compiled code)."
+)
+
+
+# ---------------------------------------------------------------------------------
+# Building the pieces
+# ---------------------------------------------------------------------------------
+def _bias_module(name: str, heads: int, seed: int):
+    """A bias module with reproducible, non-trivial parameters."""
+    torch.manual_seed(seed)
+    kwargs = {"max_offset": 1024} if name == "offset" else {}
+    module = make_bias(name, heads, **kwargs)
+    if name in ("offset", "t5"):
+        with torch.no_grad():
+            module.weight.normal_()
+    return module
+
+
+def _reference(method: str, family: str, module, heads: int):
+    """A callable ``(q, k, v) -> out`` running a reference implementation."""
+    n_cache = {}
+    if method == "xt":
+        from x_transformers.attend import Attend
+        from x_transformers.x_transformers import AlibiPositionalBias, RelativePositionBias
+
+        attend = Attend(causal=True)
+        if family == "t5":
+            rel = RelativePositionBias(scale=1.0, causal=True, num_buckets=module.num_buckets,
+                                       max_distance=module.max_distance, heads=heads)
+            with torch.no_grad():
+                rel.relative_attention_bias.weight.copy_(module.weight.detach().T)
+        else:
+            rel = AlibiPositionalBias(heads=heads)
+
+        def run(q, k, v):
+            bias = rel(q.shape[2], k.shape[2])
+            return attend(q, k, v, attn_bias=bias)[0]
+
+        run.module = rel
+        return run
+    if method == "hf_t5":
+        from transformers import T5Config
+        from transformers.models.t5.modeling_t5 import T5Attention
+
+        config = T5Config(
+            d_model=heads * 64, d_kv=64, num_heads=heads, is_decoder=True,
+            relative_attention_num_buckets=module.num_buckets,
+            relative_attention_max_distance=module.max_distance,
+        )
+        t5 = T5Attention(config, has_relative_attention_bias=True, layer_idx=0)
+        with torch.no_grad():
+            t5.relative_attention_bias.weight.copy_(module.weight.detach().T)
+
+        def run(q, k, v):
+            n, m = q.shape[2], k.shape[2]
+            bias = t5.compute_bias(n, m, device=q.device)
+            if n not in n_cache:
+                i = torch.arange(m - n, m, device=q.device)
+                n_cache[n] = torch.arange(m, device=q.device)[None, :] > i[:, None]
+            mask = bias.masked_fill(n_cache[n], float("-inf"))
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+        run.module = t5
+        return run
+    raise ValueError(method)
+
+
+def _runner(method: str, family: str | None, module, heads: int):
+    if method == "sdpa":
+        return lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    if method in OUR_METHODS:
+        return lambda q, k, v: biased_attention(q, k, v, module, causal=True, backend=method)
+    return _reference(method, family, module, heads)
+
+
+def _applicable(method: str, family: str, n: int, heads: int, max_dense_gib: float,
+                backward: bool) -> str | None:
+    """None when the method runs for this family and n, else why not."""
+    if method in REFERENCES and family not in REFERENCES[method]:
+        return "no reference implementation of this family"
+    if backward and method == "flex" and not torch.cuda.is_available():
+        return "FlexAttention has no backward on the CPU"
+    copies = DENSE_COPIES.get(method)
+    if copies:
+        need = copies * (3 if backward else 1) * heads * n * n * 4 / 2**30
+        if need > max_dense_gib:
+            return f"needs ~{need:.0f} GiB of dense [H, n, n] tensors (> --max-dense-gib)"
+    return None
+
+
+def _inputs(n: int, heads: int, dim: int, dtype, seed: int, grad: bool = False):
+    gen = torch.Generator().manual_seed(seed)
+    return [
+        torch.randn(1, heads, n, dim, generator=gen, dtype=dtype).requires_grad_(grad)
+        for _ in range(3)
+    ]
+
+
+# ---------------------------------------------------------------------------------
+# Timing
+# ---------------------------------------------------------------------------------
+def _time_call(fn, backward: bool):
+    """Run ``fn`` once (and its backward): (wall seconds, CPU seconds, output)."""
+    wall, cpu = time.perf_counter(), time.process_time()
+    if backward:
+        out = fn()
+        out.float().square().mean().backward()
+    else:
+        with torch.no_grad():
+            out = fn()
+    return time.perf_counter() - wall, time.process_time() - cpu, out
+
+
+def _time_family(n, family, methods, args, backward, floor_samples, log):
+    heads, dim = args.heads, args.head_dim
+    dtype = getattr(torch, args.dtype)
+    module = _bias_module(family, heads, args.seed)
+    q, k, v = _inputs(n, heads, dim, dtype, args.seed, grad=backward)
+    entries, runners, reference_out = {}, {}, None
+    for method in ("sdpa", *methods):
+        reason = _applicable(method, family, n, heads, args.max_dense_gib, backward)
+        if reason:
+            entries[method] = {"skipped": reason}
+            continue
+        try:
+            run = _runner(method, family, module, heads)
+        except ImportError as err:  # a reference package is missing
+            entries[method] = {"skipped": f"not installed: {err}"}
+            continue
+        runners[method] = lambda run=run: run(q, k, v)
+    # warm-up (and compilation), with a check that every method agrees
+    for method, fn in list(runners.items()):
+        try:
+            wall, _, out = _time_call(fn, backward)
+            out = None if method == "sdpa" else out
+        except Exception as err:  # noqa: BLE001 - record and go on
+            entries[method] = {"error": f"{type(err).__name__}: {err}"[:300]}
+            del runners[method]
+            continue
+        entries[method] = {"first_call_seconds": wall, "wall": [], "cpu": []}
+        if out is not None:
+            out = out.detach().float()
+            if reference_out is None:
+                reference_out = out
+            entries[method]["max_abs_diff"] = float((out - reference_out).abs().max())
+        for t in (q, k, v, *module.parameters()):
+            t.grad = None
+    repeats = args.repeats if args.repeats else (5 if n <= 2048 else 3 if n <= 8192 else 2)
+    for _ in range(repeats):
+        for method, fn in runners.items():
+            wall, cpu, _ = _time_call(fn, backward)
+            entries[method]["wall"].append(wall)
+            entries[method]["cpu"].append(cpu)
+            for t in (q, k, v, *module.parameters()):
+                t.grad = None
+    if "sdpa" in runners:
+        floor_samples.extend(entries["sdpa"]["wall"])
+    for method in runners:
+        e = entries[method]
+        e["seconds_median"] = statistics.median(e["wall"])
+        e["cpu_seconds_min"] = min(e["cpu"])
+        e["compile_seconds"] = max(0.0, e["first_call_seconds"] - e["seconds_median"])
+        log(f"  {'fwd+bwd' if backward else 'fwd'} n={n} {family:12s} {method:11s} "
+            f"{e['seconds_median'] * 1e3:9.1f} ms")
+    return entries
+
+
+# ---------------------------------------------------------------------------------
+# Memory (in a subprocess)
+# ---------------------------------------------------------------------------------
+def _proc_status(field: str) -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError(f"{field} not in /proc/self/status")
+
+
+def _reset_peak() -> bool:
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def _memory_worker(spec: dict) -> list[dict]:
+    """Run in a fresh process: peak memory of each (family, method) at one n."""
+    torch.set_num_threads(spec["threads"])
+    torch.set_flush_denormal(spec["flush_denormal"])
+    n, heads, dim = spec["n"], spec["heads"], spec["head_dim"]
+    dtype = getattr(torch, spec["dtype"])
+    q, k, v = _inputs(n, heads, dim, dtype, spec["seed"])
+    input_bytes = sum(t.numel() * t.element_size() for t in (q, k, v))
+    rows = []
+    for family, method in spec["jobs"]:
+        row = {"family": family, "method": method, "n": n}
+        try:
+            module = _bias_module(family, heads, spec["seed"]) if family else None
+            fn = _runner(method, family, module, heads)
+            with torch.no_grad():
+                gc.collect()
+                before = _proc_status("VmRSS")
+                fn(q, k, v)
+                gc.collect()
+                ready = _proc_status("VmRSS")
+                if not _reset_peak():
+                    raise RuntimeError("cannot reset the peak RSS (/proc/self/clear_refs)")
+                out = fn(q, k, v)
+                peak = _proc_status("VmHWM")
+                del out
+            row.update(
+                peak_extra_bytes=peak - ready,
+                peak_bytes=peak - ready + input_bytes,
+                input_bytes=input_bytes,
+                persistent_bytes=ready - before,
+            )
+        except Exception as err:  # noqa: BLE001
+            row["error"] = f"{type(err).__name__}: {err}"[:300]
+        rows.append(row)
+        del fn
+        gc.collect()
+    return rows
+
+
+def _measure_memory(n, jobs, args, log) -> list[dict]:
+    spec = {
+        "n": n, "heads": args.heads, "head_dim": args.head_dim, "dtype": args.dtype,
+        "seed": args.seed, "threads": args.threads, "flush_denormal": args.flush_denormal,
+        "jobs": jobs,
+    }
+    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536", "MALLOC_TRIM_THRESHOLD_": "0"}
+    cmd = [sys.executable, "-m", "relbias.bench", "--memory-worker", json.dumps(spec)]
+    log(f"  memory n={n}: {len(jobs)} measurements in a subprocess")
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env,
+                          timeout=args.memory_timeout)
+    for line in proc.stdout.splitlines():
+        if line.startswith("MEMORY-RESULT "):
+            return json.loads(line[len("MEMORY-RESULT "):])
+    tail = (proc.stderr or "")[-500:]
+    return [{"family": f, "method": m, "n": n, "error": f"worker failed: {tail}"}
+            for f, m in jobs]
+
+
+# ---------------------------------------------------------------------------------
+# The run
+# ---------------------------------------------------------------------------------
+def _machine() -> dict:
+    info = {
+        "platform": platform.platform(),
+        "machine": platform.machine(),
+        "python": platform.python_version(),
+        "cpu_count": os.cpu_count(),
+    }
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    info["cpu"] = line.split(":", 1)[1].strip()
+                    break
+        info["memory_bytes"] = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        info["load_average_at_start"] = os.getloadavg()
+    except (OSError, ValueError, AttributeError):
+        pass
+    return info
+
+
+def run(args, log=print) -> dict:
+    torch.set_num_threads(args.threads)
+    torch.set_flush_denormal(args.flush_denormal)
+    started = time.time()
+    families = args.families
+    methods = [m for m in args.methods if m != "sdpa"]
+    results = []
+    floor = {}
+    for n in args.lengths:
+        for backward in (False, True):
+            if backward and (n > args.backward_max or not args.backward):
+                continue
+            samples: list[float] = []
+            per_family = {}
+            for family in families:
+                per_family[family] = _time_family(n, family, methods, args, backward, samples,
+                                                  log)
+            floor_median = statistics.median(samples) if samples else None
+            floor[(n, backward)] = floor_median
+            for family, entries in per_family.items():
+                for method, e in entries.items():
+                    row = {"family": None if method == "sdpa" else family, "n": n,
+                           "method": method, "pass": "forward_backward" if backward else
+                           "forward"}
+                    row.update({key: val for key, val in e.items()})
+                    if method == "sdpa":
+                        if family != families[0]:
+                            continue
+                        row["seconds_median"] = floor_median
+                        row["wall"] = samples
+                    if "seconds_median" in row and floor_median:
+                        row["ratio_to_floor"] = row["seconds_median"] / floor_median
+                    results.append(row)
+        if args.memory:
+            jobs = [[None, "sdpa"]] + [
+                [family, method] for family in families for method in methods
+                if not _applicable(method, family, n, args.heads, args.max_dense_gib, False)
+            ]
+            mem = _measure_memory(n, jobs, args, log)
+            floor_mem = next((r.get("peak_bytes") for r in mem if r["method"] == "sdpa"), None)
+            for r in mem:
+                r["pass"] = "memory"
+                if floor_mem and "peak_bytes" in r:
+                    r["ratio_to_floor"] = r["peak_bytes"] / floor_mem
+                    r["extra_ratio_to_floor"] = r["peak_extra_bytes"] / max(
+                        1, next(x["peak_extra_bytes"] for x in mem if x["method"] == "sdpa"))
+            results.extend(mem)
+    report = {
+        "schema": 1,
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "command": "python -m relbias.bench " + " ".join(args.argv),
+        "machine": _machine(),
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "flush_denormal": args.flush_denormal,
+        "config": {
+            "device": "cpu", "dtype": args.dtype, "batch": 1, "heads": args.heads,
+            "head_dim": args.head_dim, "lengths": list(args.lengths), "families": families,
+            "methods": ["sdpa", *methods], "backward_max": args.backward_max,
+            "repeats": args.repeats or "5 (n <= 2048), 3 (n <= 8192), 2 (larger)",
+            "seed": args.seed, "causal": True, "max_dense_gib": args.max_dense_gib,
+            "bias_parameters": "offset (max_offset=1024) and t5 tables ~ N(0, 1); "
+            "kerple, fire: default initialisation (seeded)",
+        },
+        "methods": {m: METHOD_NOTES[m] for m in ["sdpa", *methods]},
+        "timing_method": TIMING_METHOD,
+        "memory_method": MEMORY_METHOD,
+        "versions": _versions(),
+        "flex_compile_stats": {k: v for k, v in flex.compile_stats().items() if k != "per_key"},
+        "elapsed_seconds": time.time() - started,
+        "results": results,
+    }
+    report["goals"] = evaluate_goals(report)
+    return report
+
+
+def _versions() -> dict:
+    out = {}
+    for name in ("x_transformers", "transformers", "numpy"):
+        try:
+            module = __import__(name)
+            out[name] = getattr(module, "__version__", "unknown")
+        except ImportError:
+            out[name] = None
+    if out.get("x_transformers") in (None, "unknown"):
+        try:
+            from importlib.metadata import version
+
+            out["x_transformers"] = version("x-transformers")
+        except Exception:  # noqa: BLE001
+            pass
+    return out
+
+
+# ---------------------------------------------------------------------------------
+# Reporting
+# ---------------------------------------------------------------------------------
+def _index(report, pass_):
+    return {(r["family"], r["n"], r["method"]): r for r in report["results"]
+            if r["pass"] == pass_}
+
+
+def _best_ours(rows, family, n):
+    """Our fastest non-materialising backend at (family, n): (method, row)."""
+    found = [(m, rows.get((family, n, m))) for m in ("table", "flex")]
+    found = [(m, r) for m, r in found if r and r.get("seconds_median")]
+    return min(found, key=lambda mr: mr[1]["seconds_median"], default=(None, None))
+
+
+def evaluate_goals(report) -> dict:
+    """The issue's goals, checked against this run (None where not measured)."""
+    fwd, bwd, mem = (_index(report, p) for p in ("forward", "forward_backward", "memory"))
+    families = report["config"]["families"]
+    goals = {}
+    n = 4096 if any(k[1] == 4096 for k in fwd) else max((k[1] for k in fwd), default=None)
+    if n is not None:
+        speed = {}
+        for family in families:
+            method, row = _best_ours(fwd, family, n)
+            if row is None:
+                continue
+            limit = 1.5 if family == "fire" else 1.15
+            refs = {m: fwd[(family, n, m)]["seconds_median"] / row["seconds_median"]
+                    for m in ("xt", "hf_t5")
+                    if fwd.get((family, n, m), {}).get("seconds_median")}
+            speed[family] = {
+                "backend": method, "ratio_to_floor": row.get("ratio_to_floor"),
+                "limit": limit, "met": bool(row.get("ratio_to_floor", math.inf) <= limit),
+                "speedup_vs_references": refs,
+                "references_5x_met": all(v >= 5 for v in refs.values()) if refs else None,
+                "speedup_vs_materialize": (
+                    fwd[(family, n, "materialize")]["seconds_median"] / row["seconds_median"]
+                    if fwd.get((family, n, "materialize"), {}).get("seconds_median") else None
+                ),
+                "flex_ratio_to_floor": fwd.get((family, n, "flex"), {}).get("ratio_to_floor"),
+            }
+        goals[f"forward_n{n}"] = speed
+    mem_n = max((k[1] for k in mem), default=None)
+    if mem_n is not None:
+        memory = {}
+        for family in families:
+            for method in ("table", "flex"):
+                r = mem.get((family, mem_n, method))
+                if r and "ratio_to_floor" in r:
+                    memory.setdefault(family, {})[method] = {
+                        "ratio_to_floor": r["ratio_to_floor"],
+                        "extra_ratio_to_floor": r.get("extra_ratio_to_floor"),
+                        "met": r["ratio_to_floor"] <= 1.5,
+                    }
+        goals[f"memory_n{mem_n}"] = memory
+    bn = 2048 if any(k[1] == 2048 for k in bwd) else max((k[1] for k in bwd), default=None)
+    if bn is not None:
+        train = {}
+        for family in families:
+            row = bwd.get((family, bn, "materialize"))
+            best = min((bwd[(family, bn, m)] for m in ("materialize", "table")
+                        if bwd.get((family, bn, m), {}).get("seconds_median")),
+                       key=lambda r: r["seconds_median"], default=None)
+            if row is None or best is None:
+                continue
+            xt = bwd.get((family, bn, "xt"), {}).get("seconds_median")
+            train[family] = {
+                "backend": best["method"], "ratio_to_floor": best.get("ratio_to_floor"),
+                "materialize_ratio_to_floor": row.get("ratio_to_floor"),
+                "speedup_vs_xt": xt / best["seconds_median"] if xt else None,
+                "met": (xt / best["seconds_median"] >= 1.0) if xt else None,
+            }
+        goals[f"forward_backward_n{bn}"] = train
+    return goals
+
+
+def _fmt_ratio(row) -> str:
+    if row is None:
+        return "-"
+    if "error" in row:
+        return "error"
+    if "skipped" in row:
+        return "skip"
+    ratio = row.get("ratio_to_floor")
+    return "-" if ratio is None else f"{ratio:.2f}x"
+
+
+def format_tables(report) -> str:
+    lines = []
+    methods = report["config"]["methods"]
+    for pass_, title in (("forward", "Forward time"),
+                         ("forward_backward", "Forward + backward time"),
+                         ("memory", "Peak memory (inputs included)")):
+        rows = _index(report, pass_)
+        if not rows:
+            continue
+        lengths = sorted({k[1] for k in rows})
+        cols = [m for m in methods if m != "sdpa"]
+        floor_name = "floor s" if pass_ != "memory" else "floor MiB"
+        lines.append(f"\n{title}: ratio to no-bias causal SDPA (the floor)")
+        header = f"{'family':13s}{'n':>7s}{floor_name:>11s}" + "".join(f"{m:>13s}" for m in cols)
+        lines.append(header)
+        lines.append("-" * len(header))
+        for family in report["config"]["families"]:
+            for n in lengths:
+                floor_row = rows.get((None, n, "sdpa"), {})
+                if pass_ == "memory":
+                    f = floor_row.get("peak_bytes")
+                    floor_txt = f"{f / 2**20:.0f}" if f else "-"
+                else:
+                    f = floor_row.get("seconds_median")
+                    floor_txt = f"{f:.4f}" if f else "-"
+                cells = "".join(f"{_fmt_ratio(rows.get((family, n, m))):>13s}" for m in cols)
+                lines.append(f"{family:13s}{n:>7d}{floor_txt:>11s}{cells}")
+    lines.append("\nGoals (see 'goals' in the JSON):")
+    for name, per_family in report.get("goals", {}).items():
+        for family, g in per_family.items():
+            details = ", ".join(
+                f"{k}={_short(v)}" for k, v in g.items() if k not in ("limit",)
+            )
+            lines.append(f"  {name:24s} {family:13s} {details}")
+    return "\n".join(lines)
+
+
+def _short(v):
+    if isinstance(v, float):
+        return f"{v:.2f}"
+    if isinstance(v, dict):
+        return "{" + ", ".join(f"{k}: {_short(x)}" for k, x in v.items()) + "}"
+    return str(v)
+
+
+# ---------------------------------------------------------------------------------
+# Command line
+# ---------------------------------------------------------------------------------
+def _csv(kind):
+    def parse(text):
+        return [kind(x) for x in text.split(",") if x]
+    return parse
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(prog="python -m relbias.bench", description=__doc__.split("\n")[0])
+    p.add_argument("--quick", action="store_true",
+                   help="small run: n = 256, 512, 3 repeats (about a minute)")
+    p.add_argument("--lengths", type=_csv(int), default=None,
+                   help="comma-separated lengths (default 512,...,16384)")
+    p.add_argument("--families", type=_csv(str), default=None,
+                   help=f"comma-separated families (default all: {','.join(BIAS_NAMES)})")
+    p.add_argument("--methods", type=_csv(str), default=None,
+                   help=f"comma-separated methods (default all: {','.join(ALL_METHODS)})")
+    p.add_argument("--repeats", type=int, default=None, help="timed repeats per method")
+    p.add_argument("--heads", type=int, default=8)
+    p.add_argument("--head-dim", type=int, default=64)
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    p.add_argument("--threads", type=int, default=torch.get_num_threads())
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--backward-max", type=int, default=2048,
+                   help="largest n timed forward + backward")
+    p.add_argument("--no-backward", dest="backward", action="store_false")
+    p.add_argument("--no-memory", dest="memory", action="store_false",
+                   help="skip the peak-memory subprocesses")
+    p.add_argument("--max-dense-gib", type=float, default=4.0,
+                   help="skip dense methods that would need more GiB of [H, n, n] tensors")
+    p.add_argument("--memory-timeout", type=float, default=3600)
+    p.add_argument("--no-flush-denormal", dest="flush_denormal", action="store_false",
+                   help="keep denormal floats (slow on x86: strong biases underflow exp)")
+    p.add_argument("--out", default=None,
+                   help="JSON file to write (default benchmarks/results/cpu.json, or "
+                   "cpu-quick.json with --quick; '-' for none)")
+    p.add_argument("--memory-worker", default=None, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)
+    if args.lengths is None:
+        args.lengths = list(QUICK_LENGTHS if args.quick else FULL_LENGTHS)
+    if args.quick and args.repeats is None:
+        args.repeats = 3
+    if args.quick:
+        args.backward_max = min(args.backward_max, max(args.lengths))
+    args.families = args.families or list(BIAS_NAMES)
+    args.methods = args.methods or list(ALL_METHODS)
+    for name in args.families:
+        if name not in BIAS_NAMES:
+            p.error(f"unknown family {name!r}; choose from {','.join(BIAS_NAMES)}")
+    for name in args.methods:
+        if name not in ALL_METHODS:
+            p.error(f"unknown method {name!r}; choose from {','.join(ALL_METHODS)}")
+    if args.out is None:
+        args.out = "benchmarks/results/" + ("cpu-quick.json" if args.quick else "cpu.json")
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if args.memory_worker is not None:
+        rows = _memory_worker(json.loads(args.memory_worker))
+        print("MEMORY-RESULT " + json.dumps(rows), flush=True)
+        return 0
+
+    def log(msg):
+        print(msg, file=sys.stderr, flush=True)
+
+    report = run(args, log=log)
+    print(format_tables(report))
+    if args.out != "-":
+        path = Path(args.out)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(report, indent=1) + "\n")
+        print(f"\nwrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
