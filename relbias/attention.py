@@ -81,9 +81,10 @@ BACKENDS = ("auto", "materialize", "table", "flex")
 
 #: What ``backend="auto"`` takes on the CPU when no gradient is needed, per kind of
 #: bias ("offset": families that depend on i - j alone; "fire": FIRE). Measured on a
-#: 2-core CPU (see benchmarks/results/cpu.json): the strided-table path runs near the
-#: speed of bias-free attention, FlexAttention's CPU kernel is 2.5-3x slower than it.
-CPU_INFERENCE_BACKEND = {"offset": "table", "fire": "flex"}
+#: 2-core CPU (benchmarks/results/cpu.json): the strided-table path runs near the speed
+#: of bias-free attention; FlexAttention's CPU kernel (forward only) is about 3x slower
+#: than bias-free attention even with no bias, and FIRE's per-score MLP slows it further.
+CPU_INFERENCE_BACKEND = {"offset": "table", "fire": "table"}
 
 
 def _needs_grad(q, k, v, bias) -> bool:

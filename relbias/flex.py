@@ -301,33 +301,25 @@ class FIREBias(PreparedBias):
         key = (causal, dtype, torch.is_grad_enabled())
         if key not in self._aux:
             psi = self.psi_table.flip(0).contiguous()
-            future = None
+            lowest = self.q_start - (self.k_len - 1)
+            offsets = torch.arange(lowest + psi.shape[0] - 1, lowest - 1, -1, device=psi.device)
+            future = torch.zeros(offsets.shape, dtype=dtype, device=psi.device)
             if causal:
-                lowest = self.q_start - (self.k_len - 1)
-                offsets = torch.arange(lowest, lowest + psi.shape[0], device=psi.device)
-                future = torch.zeros(offsets.shape, dtype=dtype, device=psi.device)
-                future = future.masked_fill(offsets < 0, float("-inf")).flip(0).contiguous()
+                future = future.masked_fill(offsets < 0, float("-inf"))
             self._aux[key] = (psi, future)
         return self._aux[key]
 
     def flipped_rows(self, start, stop, k_stop, causal, dtype):
         psi, future = self._reversed(causal, dtype)
         x_num = _reversed_hankel(psi[None], self.q_len, start, stop, k_stop)[0, 0]
+        fut = _reversed_hankel(future[None], self.q_len, start, stop, k_stop)[0, 0]
         den = self.denominator[start:stop].flip(0)
-        fut = None
-        if future is not None:
-            fut = _reversed_hankel(future[None], self.q_len, start, stop, k_stop)[0, 0]
         if _use_fused_fire(self, dtype):
-            if fut is None:
-                fut = x_num.new_zeros(())
-            fused = _timed(_fused_fire_block(), ("fire_block", self.num_heads, self.hidden,
-                                                 fut.dim()))
+            fused = _timed(_fused_fire_block(), ("fire_block", self.num_heads, self.hidden))
             bias = fused(x_num, fut, den, self.w1, self.b1, self.w2, self.b2)
             return bias.to(dtype)[None]
         bias = self._mlp(x_num / den[:, None]).to(dtype)
-        if fut is not None:
-            bias = bias + fut
-        return bias[None]
+        return (bias + fut if causal else bias)[None]
 
 
 def _fire_block(x_num, future, den, w1, b1, w2, b2):
@@ -428,19 +420,17 @@ def table_attention(q, k, v, bias: PreparedBias, *, causal=True, block_rows=None
         else:
             block_rows = TABLE_BLOCK_ROWS if causal else q_len
     block_rows = check_int("block_rows", block_rows, minimum=1)
-    # Reverse the query rows once; each block is then a contiguous slice of them.
-    reversed_q = q.flip(2)
-    pieces = []
+    out = q.new_empty(batch, heads, q_len, v.shape[-1])
     for start in range(0, q_len, block_rows):
         stop = min(q_len, start + block_rows)
         k_stop = min(k_len, bias.q_start + stop) if causal else k_len
         mask = bias.flipped_rows(start, stop, k_stop, causal, q.dtype)
-        rows = reversed_q[:, :, q_len - stop:q_len - start]
-        pieces.append(F.scaled_dot_product_attention(
+        rows = q[:, :, start:stop].flip(2)  # reversed rows: the mask is a view of the table
+        piece = F.scaled_dot_product_attention(
             rows, k[:, :, :k_stop], v[:, :, :k_stop], attn_mask=mask
-        ))
-    reversed_out = pieces[0] if len(pieces) == 1 else torch.cat(pieces[::-1], dim=2)
-    return reversed_out.flip(2)
+        )
+        out[:, :, start:stop] = piece.flip(2)
+    return out
 
 
 # ---------------------------------------------------------------------------------

@@ -571,6 +571,13 @@ def explorer(draw: Callable, *, title: str = "explorer", initial: dict | None = 
         return _Text(f"{title}: install ipywidgets to use the sliders")
     from IPython.display import Image
 
+    if in_colab():  # Colab renders ipywidgets 8 through its custom widget manager
+        try:
+            from google.colab import output
+
+            output.enable_custom_widget_manager()
+        except Exception:  # noqa: BLE001 - an older Colab: the sliders may not show
+            pass
     boxes = {name: _control(name, spec) for name, spec in controls.items()}
     for name, value in (initial or {}).items():
         boxes[name].value = value

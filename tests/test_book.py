@@ -89,8 +89,10 @@ def output_text(output: dict) -> str:
     parts = []
     for mime, value in (output.get("data") or {}).items():
         if mime.startswith("text/") or mime.endswith("+json") or "papermill" in mime:
+            if isinstance(value, list):  # nbformat stores text as a list of lines
+                value = "".join(value)
             parts.append(value if isinstance(value, str) else json.dumps(value))
-    return "\n".join("".join(p) if isinstance(p, list) else p for p in parts)
+    return "\n".join(parts)
 
 
 # --- the table of contents -------------------------------------------------------------------

@@ -1,0 +1,55 @@
+"""A smoke test of the benchmark's command line at tiny sizes (nothing is timed here)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from relbias import bench
+
+
+@pytest.mark.reference
+def test_bench_cli_writes_json(tmp_path, capsys):
+    out = tmp_path / "bench.json"
+    code = bench.main([
+        "--lengths", "32,48", "--families", "alibi,t5,fire",
+        "--methods", "sdpa,materialize,table,xt,hf_t5", "--repeats", "1",
+        "--backward-max", "32", "--threads", "1", "--out", str(out),
+    ])
+    assert code == 0
+    printed = capsys.readouterr().out
+    assert "Forward time" in printed and "Peak memory" in printed and f"wrote {out}" in printed
+    report = json.loads(out.read_text())
+    for key in ("machine", "torch", "threads", "timing_method", "memory_method", "goals"):
+        assert key in report
+    assert report["threads"] == 1
+    rows = {(r["pass"], r["family"], r["n"], r["method"]): r for r in report["results"]}
+    # the floor once per length and pass; references only for their families
+    assert rows[("forward", None, 32, "sdpa")]["seconds_median"] > 0
+    assert rows[("forward", "t5", 48, "hf_t5")]["ratio_to_floor"] > 0
+    assert "skipped" in rows[("forward", "fire", 32, "xt")]
+    assert ("forward_backward", "alibi", 48, "materialize") not in rows  # n > --backward-max
+    assert rows[("forward_backward", "alibi", 32, "xt")]["seconds_median"] > 0
+    # every method computes the same attention as the first one measured
+    for (pass_, family, n, method), row in rows.items():
+        if pass_ == "forward" and method != "sdpa" and "max_abs_diff" in row:
+            assert row["max_abs_diff"] < 1e-4, (family, n, method)
+    memory = [r for r in report["results"] if r["pass"] == "memory"]
+    assert {r["method"] for r in memory} == {"sdpa", "materialize", "table", "xt", "hf_t5"}
+    assert all(r["peak_bytes"] >= r["input_bytes"] > 0 for r in memory if "error" not in r)
+    assert not [r for r in memory if "error" in r]
+
+
+def test_bench_rejects_unknown_names():
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--families", "nope"])
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--methods", "nope"])
+
+
+def test_quick_defaults():
+    args = bench.parse_args(["--quick"])
+    assert args.lengths == list(bench.QUICK_LENGTHS)
+    assert args.out.endswith("cpu-quick.json")
+    assert bench.parse_args([]).lengths == list(bench.FULL_LENGTHS)

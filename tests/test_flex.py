@@ -1,0 +1,284 @@
+"""The fast backends of biased_attention (relbias.flex) against the materialised path.
+
+FlexAttention compiles one kernel per shape (tens of seconds on a CPU), so its tests
+share a few shapes: every offset-only family uses the same kernel at a given shape,
+FIRE its own. The strided-table backend needs no compilation and is tested more widely.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import FAMILY_KWARGS, build
+from torch._dynamo.utils import counters
+
+import relbias
+from relbias import attention, biased_attention, flex
+from relbias.flex import (
+    FIREBias,
+    OffsetTableBias,
+    causal_block_mask,
+    compile_stats,
+    last_backend,
+    prepare_bias,
+    table_attention,
+)
+
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")  # from compiling
+
+HEADS, DIM = 3, 16
+FAMILIES = list(FAMILY_KWARGS)
+# Causal families are built with bidirectional=False where the family has the option.
+CAUSAL_KWARGS = {"offset": {"bidirectional": False}, "t5": {"bidirectional": False},
+                 "alibi": {"bidirectional": False}}
+# (q_len, k_len, q_start): queries at the end, queries inside the keys, square.
+SHAPES = [(37, 37, None), (20, 45, None), (17, 40, 9), (1, 30, None), (64, 64, 0)]
+
+
+def family_bias(name: str, causal: bool):
+    overrides = CAUSAL_KWARGS.get(name, {}) if causal else {}
+    return build(name, HEADS, **overrides)
+
+
+def qkv(q_len, k_len, *, batch=2, dtype=torch.float32, grad=False):
+    q = torch.randn(batch, HEADS, q_len, DIM, dtype=dtype, requires_grad=grad)
+    k = torch.randn(batch, HEADS, k_len, DIM, dtype=dtype, requires_grad=grad)
+    v = torch.randn(batch, HEADS, k_len, DIM, dtype=dtype, requires_grad=grad)
+    return q, k, v
+
+
+def assert_close(actual, expected):
+    torch.testing.assert_close(actual, expected, rtol=2e-5, atol=2e-5)
+
+
+# --- prepared biases: the O(n) ingredients ---------------------------------------------
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("q_len,k_len,q_start", SHAPES)
+def test_prepared_bias_materialises_forward(family, causal, q_len, k_len, q_start):
+    bias = family_bias(family, causal)
+    prepared = prepare_bias(bias, q_len, k_len, q_start=q_start)
+    expected = bias(q_len, k_len, q_start=q_start)
+    assert isinstance(prepared, FIREBias if family == "fire" else OffsetTableBias)
+    if family == "fire":
+        assert_close(prepared.materialize(), expected)
+    else:  # the same table and the same gather: bit for bit
+        assert torch.equal(prepared.materialize(), expected)
+        assert prepared.table.shape == (HEADS, q_len + k_len - 1)
+
+
+def test_offset_table_bias_checks_its_table():
+    with pytest.raises(ValueError, match="columns"):
+        OffsetTableBias(torch.zeros(2, 5), 3, 4)
+    with pytest.raises(TypeError, match="2-D"):
+        OffsetTableBias(torch.zeros(5), 3, 3)
+    with pytest.raises(TypeError, match="RelativeBias"):
+        prepare_bias("alibi", 4)
+
+
+# --- the strided-table backend -----------------------------------------------------------
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("q_len,k_len,q_start", SHAPES)
+def test_table_backend_matches_materialise(family, causal, q_len, k_len, q_start):
+    bias = family_bias(family, causal)
+    q, k, v = qkv(q_len, k_len)
+    with torch.no_grad():
+        expected = biased_attention(q, k, v, bias, causal=causal, q_start=q_start,
+                                    backend="materialize")
+        got = biased_attention(q, k, v, bias, causal=causal, q_start=q_start, backend="table")
+    assert_close(got, expected)
+
+
+@pytest.mark.parametrize("block_rows", [1, 5, 16])
+def test_table_backend_blocks(block_rows):
+    """Any block of query rows gives the same result (causal, queries inside the keys)."""
+    bias = family_bias("t5", True)
+    q, k, v = qkv(21, 50)
+    prepared = prepare_bias(bias, 21, 50, q_start=12)
+    expected = biased_attention(q, k, v, bias, q_start=12, backend="materialize")
+    got = table_attention(q, k, v, prepared, causal=True, block_rows=block_rows)
+    assert_close(got, expected)
+
+
+def test_table_mask_is_a_view_of_the_table():
+    """The mask of a block shares the table's storage: no q_len x k_len tensor exists."""
+    prepared = prepare_bias(relbias.ALiBi(HEADS), 300)
+    mask = prepared.flipped_rows(100, 200, 200, True, torch.float32)
+    assert mask.shape == (1, HEADS, 100, 200)
+    assert mask.untyped_storage().nbytes() == HEADS * (2 * 300 - 1) * 4
+    rows = torch.arange(199, 99, -1)[:, None]  # reversed query rows
+    keys = torch.arange(200)[None, :]
+    slopes = relbias.alibi_slopes(HEADS)[:, None, None]
+    expected = (-slopes * (rows - keys)).masked_fill(keys > rows, float("-inf"))
+    assert torch.equal(mask[0], expected)
+
+
+def test_table_backend_gradients_match_materialise():
+    """The table path is differentiable too (through the unfused kernel)."""
+    for name in ("t5", "fire"):
+        bias = family_bias(name, True)
+        grads = {}
+        for backend in ("materialize", "table"):
+            torch.manual_seed(1)
+            q, k, v = qkv(12, 20, grad=True)
+            bias.zero_grad()
+            biased_attention(q, k, v, bias, backend=backend).square().sum().backward()
+            grads[backend] = [q.grad, k.grad, v.grad] + [p.grad for p in bias.parameters()
+                                                         if p.grad is not None]
+        for a, b in zip(grads["materialize"], grads["table"], strict=True):
+            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
+def test_fused_fire_blocks_match_eager(monkeypatch):
+    """FIRE's compiled block kernel agrees with the eager MLP (causal and not)."""
+    fire = build("fire", HEADS)
+    q, k, v = qkv(40, 40)
+    with torch.no_grad():
+        for causal in (True, False):
+            monkeypatch.setattr(flex, "FUSE_FIRE", True)
+            fused = biased_attention(q, k, v, fire, causal=causal, backend="table")
+            monkeypatch.setattr(flex, "FUSE_FIRE", False)
+            eager = biased_attention(q, k, v, fire, causal=causal, backend="table")
+            assert_close(fused, eager)
+
+
+# --- FlexAttention -------------------------------------------------------------------------
+# Few shapes: each (shape, mask, kind of bias) compiles once.
+FLEX_CASES = [
+    pytest.param(True, 48, 80, 20, id="causal-q_start"),
+    pytest.param(False, 48, 80, 20, id="bidirectional-q_start"),
+    pytest.param(True, 150, 150, None, id="causal-square"),
+]
+
+
+@pytest.mark.parametrize("causal,q_len,k_len,q_start", FLEX_CASES)
+def test_flex_matches_materialise(causal, q_len, k_len, q_start):
+    q, k, v = qkv(q_len, k_len)
+    families = FAMILIES if q_len != 150 else ["alibi", "t5"]  # one more length, offset kernel
+    for name in families:
+        bias = family_bias(name, causal)
+        with torch.no_grad():
+            expected = biased_attention(q, k, v, bias, causal=causal, q_start=q_start,
+                                        backend="materialize")
+            got, backend = biased_attention(q, k, v, bias, causal=causal, q_start=q_start,
+                                            backend="flex", return_backend=True)
+        assert backend == "flex" == last_backend()
+        assert_close(got, expected)
+
+
+def test_flex_compiles_once_per_shape():
+    """A second call with the same shapes reuses the compiled kernel (counted twice over)."""
+    q, k, v = qkv(48, 80)
+    bias = family_bias("kerple_log", True)
+    with torch.no_grad():
+        biased_attention(q, k, v, bias, q_start=20, backend="flex")  # compiled (or cached)
+        before, graphs = compile_stats()["compiles"], counters["stats"]["unique_graphs"]
+        for name in ("alibi", "sandwich", "offset"):  # other families: same kernel
+            biased_attention(q, k, v, family_bias(name, True), q_start=20, backend="flex")
+        biased_attention(q, k, v, bias, q_start=20, backend="flex")
+    assert compile_stats()["compiles"] == before
+    assert counters["stats"]["unique_graphs"] == graphs
+    assert compile_stats()["calls"] >= 5
+    assert all(seconds > 0 for seconds in compile_stats()["per_key"].values())
+
+
+def test_flex_refuses_cpu_gradients():
+    q, k, v = qkv(48, 80, grad=True)
+    with pytest.raises(RuntimeError, match="no CPU"):
+        biased_attention(q, k, v, relbias.ALiBi(HEADS), q_start=20, backend="flex")
+
+
+@pytest.mark.parametrize("q_len,k_len,q_start", [(300, 300, 0), (100, 300, 200),
+                                                 (130, 260, 7), (1, 129, 128)])
+def test_causal_block_mask_matches_create_block_mask(q_len, k_len, q_start):
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    ours = causal_block_mask(q_len, k_len, q_start, "cpu")
+    theirs = create_block_mask(lambda b, h, i, j: i + q_start >= j, None, None, q_len, k_len,
+                               device="cpu")
+    assert torch.equal(ours.to_dense(), theirs.to_dense())
+    i = torch.arange(q_start, q_start + q_len)[:, None]
+    j = torch.arange(k_len)[None, :]
+    assert torch.equal(ours.mask_mod(0, 0, i - q_start, j), j <= i)
+
+
+# --- choosing the backend ------------------------------------------------------------------
+def test_auto_on_cpu_without_gradients_takes_a_fused_path(family):
+    bias = family_bias(family, True)
+    q, k, v = qkv(30, 30)
+    with torch.no_grad():
+        _, backend = biased_attention(q, k, v, bias, return_backend=True)
+    kind = "fire" if family == "fire" else "offset"
+    assert backend == attention.CPU_INFERENCE_BACKEND[kind] != "materialize"
+    assert last_backend() == backend
+
+
+def test_auto_materialises_when_gradients_are_needed():
+    q, k, v = qkv(30, 30, grad=True)
+    _, backend = biased_attention(q, k, v, relbias.ALiBi(HEADS), return_backend=True)
+    assert backend == "materialize"
+    # learnable bias, inputs without gradients: the bias needs one
+    q, k, v = qkv(30, 30)
+    _, backend = biased_attention(q, k, v, family_bias("t5", True), return_backend=True)
+    assert backend == "materialize"
+    # nothing needs a gradient (parameter-free bias): the fast path, even with grad mode on
+    assert biased_attention(q, k, v, relbias.ALiBi(HEADS), return_backend=True)[1] == "table"
+
+
+@pytest.mark.parametrize("case", ["weights", "tensor", "none", "float64"])
+def test_auto_materialises(case):
+    q, k, v = qkv(10, 10, dtype=torch.float64 if case == "float64" else torch.float32)
+    bias = {"tensor": torch.randn(HEADS, 10, 10), "none": None}.get(case, relbias.ALiBi(HEADS))
+    with torch.no_grad():
+        out = biased_attention(q, k, v, bias, return_weights=case == "weights",
+                               return_backend=True)
+    assert out[-1] == "materialize" == last_backend()
+    assert len(out) == (3 if case == "weights" else 2)
+
+
+def test_backend_argument_is_checked():
+    q, k, v = qkv(10, 10)
+    with pytest.raises(ValueError, match="backend must be one of"):
+        biased_attention(q, k, v, relbias.ALiBi(HEADS), backend="fast")
+    with pytest.raises(ValueError, match="return_weights"):
+        biased_attention(q, k, v, relbias.ALiBi(HEADS), backend="table", return_weights=True)
+    with pytest.raises(ValueError, match="dense tensor"):
+        biased_attention(q, k, v, torch.zeros(HEADS, 10, 10), backend="flex")
+    with pytest.raises(ValueError, match="needs a bias"):
+        biased_attention(q, k, v, None, backend="table")
+    with pytest.raises(ValueError, match="bidirectional"):
+        biased_attention(q, k, v, relbias.ALiBi(HEADS), causal=False, backend="table")
+
+
+# --- sharing one prepared bias across layers -------------------------------------------------
+def test_prepared_bias_is_shared_across_layers_with_gradients():
+    """Two 'layers' using one prepared bias: same outputs and gradients as the module."""
+    bias = family_bias("offset", True)
+    q, k, v = qkv(25, 25)
+
+    def two_layers(b):
+        out = biased_attention(q, k, v, b)
+        return biased_attention(out, k, v, b)
+
+    bias.zero_grad()
+    two_layers(bias).square().sum().backward()
+    expected_grad = bias.weight.grad.clone()
+    bias.zero_grad()
+    prepared = prepare_bias(bias, 25)
+    out, backend = biased_attention(q, k, v, prepared, return_backend=True)
+    assert backend == "materialize"
+    two_layers(prepared).square().sum().backward()
+    torch.testing.assert_close(bias.weight.grad, expected_grad)
+    with torch.no_grad():  # inference: the fast path, from the same object
+        fast = biased_attention(q, k, v, prepare_bias(bias, 25), return_backend=True)
+        assert fast[1] == "table"
+        assert_close(fast[0], out.detach())
+
+
+def test_prepared_bias_shape_is_checked():
+    prepared = prepare_bias(relbias.ALiBi(HEADS), 10)
+    q, k, v = qkv(12, 12)
+    with pytest.raises(ValueError, match="prepared for"):
+        biased_attention(q, k, v, prepared)
+    q, k, v = qkv(10, 10)
+    with pytest.raises(ValueError, match="bidirectional"):
+        biased_attention(q, k, v, prepared, causal=False)
