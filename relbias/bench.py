@@ -286,9 +286,9 @@ def _memory_worker(spec: dict) -> list[dict]:
                 before = _proc_status("VmRSS")
                 fn(q, k, v)
                 gc.collect()
-                ready = _proc_status("VmRSS")
                 if not _reset_peak():
                     raise RuntimeError("cannot reset the peak RSS (/proc/self/clear_refs)")
+                ready = _proc_status("VmRSS")
                 out = fn(q, k, v)
                 peak = _proc_status("VmHWM")
                 del out
@@ -573,6 +573,151 @@ def _short(v):
     if isinstance(v, dict):
         return "{" + ", ".join(f"{k}: {_short(x)}" for k, x in v.items()) + "}"
     return str(v)
+
+
+# ---------------------------------------------------------------------------------
+# For the book: a small live comparison, the stored results, and their figures
+# ---------------------------------------------------------------------------------
+RESULTS_DIR = Path(__file__).resolve().parent.parent / "benchmarks" / "results"
+METHOD_STYLE = {
+    "sdpa": ("no bias (floor)", "black", "-"),
+    "materialize": ("materialise", "tab:red", "-"),
+    "table": ("O(n) table (strided)", "tab:green", "-"),
+    "flex": ("FlexAttention", "tab:blue", "-"),
+    "xt": ("x-transformers", "tab:orange", "--"),
+    "hf_t5": ("HF T5 compute_bias", "tab:purple", "--"),
+}
+
+
+def compare(n: int, families, methods=("materialize", "table", "xt", "hf_t5"), *,
+            repeats: int = 3, heads: int = 8, head_dim: int = 64, seed: int = 0) -> dict:
+    """Time the forward pass of ``methods`` for ``families`` at one length n.
+
+    Returns ``{"floor_seconds": ..., "rows": [{family, method, seconds_median,
+    ratio_to_floor, max_abs_diff} ...]}``; ``max_abs_diff`` is the largest difference
+    of each method's output from the first method's (the materialised path).
+    """
+    args = argparse.Namespace(heads=heads, head_dim=head_dim, dtype="float32", seed=seed,
+                              repeats=repeats, max_dense_gib=math.inf)
+    samples: list[float] = []
+    per_family = {f: _time_family(n, f, list(methods), args, False, samples, lambda m: None)
+                  for f in families}
+    floor_seconds = statistics.median(samples)
+    rows = []
+    for family, entries in per_family.items():
+        for method in methods:
+            e = entries.get(method, {})
+            if "seconds_median" not in e:
+                continue
+            rows.append({"family": family, "method": method,
+                         "seconds_median": e["seconds_median"],
+                         "ratio_to_floor": e["seconds_median"] / floor_seconds,
+                         "max_abs_diff": e.get("max_abs_diff", 0.0)})
+    return {"n": n, "floor_seconds": floor_seconds, "rows": rows}
+
+
+RESULTS_URL = "https://raw.githubusercontent.com/relbias/relbias/main/benchmarks/results/"
+
+
+def load_report(path=None) -> dict:
+    """The stored benchmark JSON (default: benchmarks/results/cpu.json of the repository).
+
+    Where the package was installed without the repository (Colab), the default file
+    is downloaded from the repository instead.
+    """
+    if path is not None:
+        return json.loads(Path(path).read_text())
+    local = RESULTS_DIR / "cpu.json"
+    if local.exists():
+        return json.loads(local.read_text())
+    from urllib.request import urlopen
+
+    with urlopen(RESULTS_URL + "cpu.json", timeout=30) as response:
+        return json.loads(response.read().decode())
+
+
+def provenance(report) -> str:
+    """One paragraph saying where and how the stored results were measured."""
+    m = report["machine"]
+    cfg = report["config"]
+    return (
+        f"measured {report['created']} on {m.get('cpu', m.get('machine'))} "
+        f"({m.get('cpu_count')} cores, {report['threads']} torch threads), "
+        f"torch {report['torch']}, {cfg['dtype']}, batch {cfg['batch']}, "
+        f"{cfg['heads']} heads of dimension {cfg['head_dim']}, causal; "
+        f"flush denormals: {report['flush_denormal']}; command: {report['command']}"
+    )
+
+
+def plot_forward(report, families, *, methods=None, pass_="forward", fig=None):
+    """Time per length, as a ratio to the floor, one panel per family (log scales)."""
+    from .notebook import figure
+
+    rows = _index(report, pass_)
+    methods = methods or [m for m in report["config"]["methods"] if m != "sdpa"]
+    if fig is None:
+        fig, axes = figure(3.0 * len(families) + 0.4, 3.2, ncols=len(families), sharey=True)
+    axes = list(fig.axes)
+    for ax, family in zip(axes, families):
+        for method in methods:
+            pts = sorted((n, r["ratio_to_floor"]) for (f, n, m), r in rows.items()
+                         if f == family and m == method and r.get("ratio_to_floor"))
+            if not pts:
+                continue
+            label, color, style = METHOD_STYLE[method]
+            ax.plot(*zip(*pts), marker="o", ms=3, color=color, ls=style, label=label)
+        ax.axhline(1.0, color="black", lw=0.8)
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_title(family, fontsize=9)
+        ax.set_xlabel("sequence length n")
+    axes[0].set_ylabel("time / no-bias attention")
+    axes[-1].legend(fontsize=7, loc="upper left")
+    return fig
+
+
+def plot_memory(report, family, *, methods=None):
+    """Peak memory of one family's forward pass against n, with the floor (log scales)."""
+    from .notebook import figure
+
+    rows = _index(report, "memory")
+    methods = methods or [m for m in report["config"]["methods"]]
+    fig, ax = figure(4.6, 3.2)
+    for method in methods:
+        key_family = None if method == "sdpa" else family
+        pts = sorted((n, r["peak_bytes"] / 2**20) for (f, n, m), r in rows.items()
+                     if f == key_family and m == method and r.get("peak_bytes"))
+        if pts:
+            label, color, style = METHOD_STYLE[method]
+            ax.plot(*zip(*pts), marker="o", ms=3, color=color, ls=style, label=label)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("sequence length n")
+    ax.set_ylabel("peak memory (MiB, inputs included)")
+    ax.set_title(f"{family}: forward pass", fontsize=9)
+    ax.legend(fontsize=7)
+    return fig
+
+
+def goal_rows(report) -> list[list]:
+    """The issue's goals as table rows: goal, family, measured, target, met."""
+    rows = []
+    for name, per_family in report.get("goals", {}).items():
+        for family, g in per_family.items():
+            if name.startswith("forward_n"):
+                rows.append([name, family, f"{g['backend']} {g['ratio_to_floor']:.2f}x floor",
+                             f"<= {g['limit']}x", g["met"]])
+                for ref, speedup in g["speedup_vs_references"].items():
+                    rows.append([name, family, f"{speedup:.1f}x faster than {ref}", ">= 5x",
+                                 speedup >= 5])
+            elif name.startswith("memory"):
+                for method, m in g.items():
+                    rows.append([name, family, f"{method} {m['ratio_to_floor']:.2f}x floor",
+                                 "<= 1.5x", m["met"]])
+            elif g.get("speedup_vs_xt") is not None:
+                rows.append([name, family, f"{g['speedup_vs_xt']:.2f}x x-transformers' speed",
+                             ">= 1x", g["met"]])
+    return rows
 
 
 # ---------------------------------------------------------------------------------

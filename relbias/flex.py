@@ -397,8 +397,14 @@ def prepare_bias(bias: RelativeBias, q_len, k_len=None, *, q_start=None) -> Prep
 # ---------------------------------------------------------------------------------
 # Backend 2: the O(n) table as a strided mask of the fused SDPA kernel
 # ---------------------------------------------------------------------------------
-#: Query rows per call of the fused kernel in causal :func:`table_attention`.
-TABLE_BLOCK_ROWS = 256
+#: Causal :func:`table_attention` runs in about this many blocks of query rows (each
+#: block skips the keys after its last query; more blocks skip more but cost more calls).
+TABLE_BLOCKS = 5
+#: ... and blocks have at least this many rows.
+TABLE_MIN_BLOCK_ROWS = 256
+#: Up to this many scores (q_len x k_len), table_attention favours few operations over
+#: memory (on a busy CPU every parallel operation waits for a free core).
+SMALL_ATTENTION = 4096 * 4096
 #: At most this many bias entries (heads x rows x keys) per block for FIRE.
 FIRE_BLOCK_ENTRIES = 1 << 23
 
@@ -418,18 +424,31 @@ def table_attention(q, k, v, bias: PreparedBias, *, causal=True, block_rows=None
         if bias.kind == "fire":
             block_rows = max(16, FIRE_BLOCK_ENTRIES // max(1, heads * k_len))
         else:
-            block_rows = TABLE_BLOCK_ROWS if causal else q_len
+            block_rows = (max(TABLE_MIN_BLOCK_ROWS, math.ceil(q_len / TABLE_BLOCKS))
+                          if causal else q_len)
     block_rows = check_int("block_rows", block_rows, minimum=1)
-    out = q.new_empty(batch, heads, q_len, v.shape[-1])
-    for start in range(0, q_len, block_rows):
-        stop = min(q_len, start + block_rows)
+    blocks = [(start, min(q_len, start + block_rows)) for start in range(0, q_len, block_rows)]
+
+    def block(rows, start, stop):  # rows: the queries start..stop-1 in reversed order
         k_stop = min(k_len, bias.q_start + stop) if causal else k_len
         mask = bias.flipped_rows(start, stop, k_stop, causal, q.dtype)
-        rows = q[:, :, start:stop].flip(2)  # reversed rows: the mask is a view of the table
-        piece = F.scaled_dot_product_attention(
+        return F.scaled_dot_product_attention(
             rows, k[:, :, :k_stop], v[:, :, :k_stop], attn_mask=mask
         )
-        out[:, :, start:stop] = piece.flip(2)
+
+    if q_len * k_len <= SMALL_ATTENTION:
+        # Few large operations (each one a parallel region): reverse q once, join the
+        # blocks once, reverse the output once.
+        reversed_q = q.flip(2)
+        pieces = [block(reversed_q[:, :, q_len - stop:q_len - start], start, stop)
+                  for start, stop in blocks]
+        joined = pieces[0] if len(pieces) == 1 else torch.cat(pieces[::-1], dim=2)
+        del pieces
+        return joined.flip(2)
+    # Long sequences: the least memory, one block of rows at a time.
+    out = q.new_empty(batch, heads, q_len, v.shape[-1])
+    for start, stop in blocks:
+        out[:, :, start:stop] = block(q[:, :, start:stop].flip(2), start, stop).flip(2)
     return out
 
 

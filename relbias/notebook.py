@@ -4,7 +4,8 @@ They keep the notebooks short and their stored outputs reproducible (nbval compa
 them with a fresh run):
 
 - :func:`runtime_banner` picks the device and the quick/full configuration, seeds
-  everything, selects PNG figures and prints one line that is the same on every CPU run.
+  everything, selects PNG figures and prints which, in words that are the same on every
+  CPU run.
 - :func:`show_source` shows the library's *real* source (``inspect.getsource``) as a
   highlighted code block, so the book never pastes a copy that could drift.
 - :func:`glue` stores a value for ``{glue:text}`` roles in the prose (myst-nb), and is
@@ -20,6 +21,10 @@ them with a fresh run):
 
 Figures are built with :class:`matplotlib.figure.Figure` directly (not pyplot), so a
 helper never leaves a figure behind that Jupyter would display a second time.
+
+``python -m relbias.notebook execute book/<chapter>.ipynb ...`` stores the outputs of a
+fresh top-to-bottom run (``CI=1``: the quick configuration on the CPU), without widget
+state or timings: the outputs that nbval then compares.
 """
 
 from __future__ import annotations
@@ -157,7 +162,10 @@ def _strip_docstring(source: str) -> str:
     end = source.find(quote, match.end(3))
     if end < 0:
         return source
-    return source[:start] + source[end + len(quote):]
+    rest = source[end + len(quote):]
+    if rest.startswith("\n\n"):  # no blank line where the docstring was
+        rest = rest[1:]
+    return source[:start] + rest
 
 
 class _Markdown:

@@ -311,3 +311,61 @@ def test_sanitize_file_is_valid():
     )
     for regex, _ in pairs:
         re.compile(regex)
+
+
+# --- the notebook helpers (relbias.notebook) ---------------------------------------------------
+
+def test_show_source_shows_the_real_source():
+    import inspect
+
+    import relbias
+    from relbias import notebook as nb
+
+    shown = nb.show_source(relbias.OffsetBias, display=False)
+    bundle = shown._repr_mimebundle_()
+    assert inspect.getsource(relbias.OffsetBias).strip() in bundle["text/plain"]
+    header = "`relbias.offset.OffsetBias`, from `relbias/offset.py`"
+    assert bundle["text/markdown"].startswith(header)
+    assert "```python" in bundle["text/markdown"]
+    short = nb.show_source(relbias.OffsetBias, docstring=False, display=False).plain
+    assert '"""' not in short.split("def __init__")[0]
+
+
+def test_show_table_and_glue_values():
+    import torch
+
+    from relbias import notebook as nb
+
+    table = nb.show_table([[1, 2.5], [torch.tensor(3), torch.tensor(0.125)]], ["a", "b"],
+                          display=False)
+    assert table.markdown.splitlines() == ["| a | b |", "|---:|---:|", "| 1 | 2.500 |",
+                                           "| 3 | 0.125 |"]
+    with pytest.raises(ValueError, match="one value per header"):
+        nb.show_table([[1]], ["a", "b"], display=False)
+    assert nb._plain(torch.tensor(5)) == 5 and repr(nb._Text("abc")) == "abc"
+
+
+def test_explorer_redraws_and_has_a_fixed_text_form():
+    import relbias
+    from relbias import notebook as nb
+
+    def draw(n=4, name="alibi"):
+        return nb.plot_bias_matrix(relbias.make_bias(name, 2), n, heads=[0])
+
+    box = nb.explorer(draw, title="demo", n=(2, 8), name=["alibi", "sandwich"])
+    assert repr(box) == "Explorer: demo (controls: n, name; live in Jupyter or Colab)"
+    out = box.children[-1]
+    box.children[1].value = 6
+    box.children[2].value = "sandwich"
+    assert len(out.outputs) == 1 and "image/png" in out.outputs[0]["data"]
+
+
+def test_figures_are_png_and_repeatable():
+    import relbias
+    from relbias import notebook as nb
+
+    def png():
+        return nb.to_png(nb.plot_bias_by_offset(relbias.ALiBi(4), 32, mark=[16]))
+
+    first = png()
+    assert first.startswith(b"\x89PNG") and first == png()
