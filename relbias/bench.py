@@ -649,30 +649,53 @@ def provenance(report) -> str:
     )
 
 
-def plot_forward(report, families, *, methods=None, pass_="forward", fig=None):
+def _length_axis(ax, lengths) -> None:
+    from matplotlib.ticker import FuncFormatter, NullLocator
+
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(sorted(lengths))
+    ax.xaxis.set_minor_locator(NullLocator())
+    ax.xaxis.set_major_formatter(
+        FuncFormatter(lambda n, _: f"{n / 1024:g}k" if n >= 1024 else f"{n:g}"))
+    ax.set_yscale("log")
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda y, _: f"{y:g}"))
+    ax.yaxis.set_minor_formatter(FuncFormatter(lambda y, _: ""))
+    ax.set_xlabel("sequence length n")
+
+
+def _figure_legend(fig) -> None:
+    seen = {}
+    for ax in fig.axes:
+        for handle, label in zip(*ax.get_legend_handles_labels()):
+            seen.setdefault(label, handle)
+    per_row = max(2, int(fig.get_figwidth() / 1.7))
+    fig.legend(list(seen.values()), list(seen), loc="outside lower center",
+               ncols=min(len(seen), per_row), fontsize=8, frameon=False)
+
+
+def plot_forward(report, families, *, methods=None, pass_="forward"):
     """Time per length, as a ratio to the floor, one panel per family (log scales)."""
     from .notebook import figure
 
     rows = _index(report, pass_)
     methods = methods or [m for m in report["config"]["methods"] if m != "sdpa"]
-    if fig is None:
-        fig, axes = figure(3.0 * len(families) + 0.4, 3.2, ncols=len(families), sharey=True)
-    axes = list(fig.axes)
+    fig, axes = figure(2.7 * len(families) + 0.5, 3.4, ncols=len(families), sharey=True)
+    axes = list(getattr(axes, "flat", [axes]))
     for ax, family in zip(axes, families):
+        lengths = set()
         for method in methods:
             pts = sorted((n, r["ratio_to_floor"]) for (f, n, m), r in rows.items()
                          if f == family and m == method and r.get("ratio_to_floor"))
             if not pts:
                 continue
+            lengths.update(n for n, _ in pts)
             label, color, style = METHOD_STYLE[method]
             ax.plot(*zip(*pts), marker="o", ms=3, color=color, ls=style, label=label)
-        ax.axhline(1.0, color="black", lw=0.8)
-        ax.set_xscale("log", base=2)
-        ax.set_yscale("log")
+        ax.axhline(1.0, color="black", lw=0.8, label=METHOD_STYLE["sdpa"][0])
+        _length_axis(ax, lengths)
         ax.set_title(family, fontsize=9)
-        ax.set_xlabel("sequence length n")
     axes[0].set_ylabel("time / no-bias attention")
-    axes[-1].legend(fontsize=7, loc="upper left")
+    _figure_legend(fig)
     return fig
 
 
@@ -681,21 +704,21 @@ def plot_memory(report, family, *, methods=None):
     from .notebook import figure
 
     rows = _index(report, "memory")
-    methods = methods or [m for m in report["config"]["methods"]]
-    fig, ax = figure(4.6, 3.2)
+    methods = methods or list(report["config"]["methods"])
+    fig, ax = figure(5.0, 3.6)
+    lengths = set()
     for method in methods:
         key_family = None if method == "sdpa" else family
         pts = sorted((n, r["peak_bytes"] / 2**20) for (f, n, m), r in rows.items()
                      if f == key_family and m == method and r.get("peak_bytes"))
         if pts:
+            lengths.update(n for n, _ in pts)
             label, color, style = METHOD_STYLE[method]
             ax.plot(*zip(*pts), marker="o", ms=3, color=color, ls=style, label=label)
-    ax.set_xscale("log", base=2)
-    ax.set_yscale("log")
-    ax.set_xlabel("sequence length n")
-    ax.set_ylabel("peak memory (MiB, inputs included)")
+    _length_axis(ax, lengths)
+    ax.set_ylabel("peak memory, MiB (inputs included)")
     ax.set_title(f"{family}: forward pass", fontsize=9)
-    ax.legend(fontsize=7)
+    _figure_legend(fig)
     return fig
 
 

@@ -155,7 +155,8 @@ def run_retrieval(config: Config | None = None, methods=None, *, out=None, devic
             _report(method, records[method])
     results = {"kind": "retrieval", "methods": records,
                "probe": {"task": "key-value recall, answer copied from `distance` back",
-                         "num_pairs": config.probe_num_pairs, "chance": 0.1},
+                         "num_pairs": config.probe_num_pairs,
+                         "num_distractors": config.probe_distractors, "chance": 0.1},
                "provenance": provenance(config, device, wall_s=time.perf_counter() - start)}
     if out is not None:
         _write(results, out)
@@ -225,6 +226,16 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {text!r}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m relbias.experiments",
@@ -253,6 +264,8 @@ def build_parser() -> argparse.ArgumentParser:
                            help="distances back to the answer (default: 1, 2, 4, ... )")
             p.add_argument("--num-pairs", type=_positive_int,
                            help="key-value pairs per sequence (override)")
+            p.add_argument("--distractors", type=_non_negative_int,
+                           help="lone digits scattered in each sequence (override)")
     return parser
 
 
@@ -277,11 +290,17 @@ def _config_from_args(parser, args) -> Config:
         overrides["probe_steps"] = overrides.pop("steps")
         overrides["probe_eval_factors"] = tuple(args.lengths) if args.lengths else None
         overrides["probe_num_pairs"] = args.num_pairs
+        overrides["probe_distractors"] = args.distractors
     overrides = {k: v for k, v in overrides.items() if v is not None}
     try:
         config = get_config(args.config, **overrides)
         if config.train_len < 4:
             raise ValueError("--train-len must be at least 4")
+        if args.experiment == "retrieval" and (
+                2 * config.probe_num_pairs + config.probe_distractors + 1 > config.train_len):
+            raise ValueError(
+                f"{config.probe_num_pairs} key-value pairs and {config.probe_distractors} "
+                f"distractors do not fit in a training sequence of {config.train_len} tokens")
     except (TypeError, ValueError) as err:
         parser.error(str(err))
     return config

@@ -523,10 +523,15 @@ def _title(results: dict) -> str:
 
 
 def _style(name: str) -> dict:
-    from .model import BASELINE_POSITIONS
+    """A fixed colour per method (tab10 plus black); dashed lines for the baselines."""
+    import matplotlib
 
+    from .model import BASELINE_POSITIONS, POSITION_NAMES
+
+    colors = [*matplotlib.colormaps["tab10"].colors, "black"]
+    index = POSITION_NAMES.index(name) if name in POSITION_NAMES else 0
     return {"linestyle": "--" if name in BASELINE_POSITIONS else "-", "marker": "o",
-            "markersize": 3}
+            "markersize": 3, "color": colors[index % len(colors)]}
 
 
 def plot_extrapolation(results: dict, ax=None):
@@ -555,8 +560,9 @@ def plot_loss_by_position(results: dict, factor: int | None = None, ax=None, *,
         rows = res["eval"]
         row = rows[-1] if factor is None else next(r for r in rows if r["factor"] == factor)
         y = np.convolve(row["loss_by_position"], np.ones(window) / window, mode="valid")
+        style = _style(name)
         ax.plot(np.arange(len(y)) + window - 1, y, label=name, lw=1,
-                linestyle=_style(name)["linestyle"])
+                linestyle=style["linestyle"], color=style["color"])
     ax.axvline(results["provenance"]["config"]["train_len"], color="grey", lw=0.8)
     ax.set_xlabel(f"position in the window (length {row['length']}, mean of {window})")
     ax.set_ylabel("bits per byte")
@@ -582,6 +588,12 @@ def plot_retrieval(results: dict, length: int | None = None, ax=None):
     ax.set_title(f"sequence length {length}" if length else "", fontsize=9)
     ax.legend(fontsize=7, ncol=2)
     return ax
+
+
+def learned_bias_from_results(results: dict) -> dict:
+    """The read-back stored in an extrapolation result: ``{method: tensor [heads, offsets]}``."""
+    return {name: torch.tensor(rec["learned_bias"]["values"])
+            for name, rec in results["methods"].items() if rec.get("learned_bias")}
 
 
 def plot_learned_bias(biases: dict, max_offset: int, *, train_len: int | None = None,

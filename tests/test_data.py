@@ -112,3 +112,18 @@ def test_recall_is_seeded_and_checks_distance():
     for bad in (0, 19):
         with pytest.raises(ValueError, match="distance"):
             make_recall_batch(1, 20, bad, generator=torch.Generator())
+
+
+def test_recall_distractors_are_lone_digits():
+    x, y = make_recall_batch(8, 40, 10, num_pairs=2, num_distractors=5,
+                             generator=torch.Generator().manual_seed(0))
+    for row, target in zip(x, y[:, -1]):
+        assert sum(int(b) in VALUES for b in row) == 2 + 5
+        assert int(row[-11]) == int(target) and int(row[-12]) == int(row[-1])
+        digits_after_keys = [i for i in range(1, 40) if int(row[i]) in VALUES
+                             and int(row[i - 1]) in KEYS]
+        assert len(digits_after_keys) == 2
+    with pytest.raises(ValueError, match="do not fit"):
+        make_recall_batch(1, 10, 3, num_pairs=2, num_distractors=6, generator=torch.Generator())
+    with pytest.raises(ValueError, match="num_distractors"):
+        make_recall_batch(1, 10, 3, num_distractors=-1, generator=torch.Generator())

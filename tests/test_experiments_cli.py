@@ -52,6 +52,13 @@ def test_distance_beyond_longest_sequence(capsys, tmp_path):
     assert "--distances [40]" in err
 
 
+def test_probe_that_does_not_fit(capsys, tmp_path):
+    err = _error(capsys, ["retrieval", "--train-len", "8", "--num-pairs", "3",
+                          "--distractors", "2", "--out", str(tmp_path)])
+    assert "do not fit" in err
+    assert "integer >= 0" in _error(capsys, ["retrieval", "--distractors", "-1"])
+
+
 def test_unknown_experiment_and_config(capsys):
     assert "invalid choice" in _error(capsys, ["nonsense"])
     assert "invalid choice" in _error(capsys, ["extrapolation", "--config", "huge"])

@@ -88,9 +88,12 @@ def test_table_backend_matches_materialise(family, causal, q_len, k_len, q_start
     assert_close(got, expected)
 
 
+@pytest.mark.parametrize("few_operations", [True, False])
 @pytest.mark.parametrize("block_rows", [1, 5, 16])
-def test_table_backend_blocks(block_rows):
-    """Any block of query rows gives the same result (causal, queries inside the keys)."""
+def test_table_backend_blocks(block_rows, few_operations, monkeypatch):
+    """Any block of query rows gives the same result (causal, queries inside the keys),
+    in both of table_attention's strategies (few operations or the least memory)."""
+    monkeypatch.setattr(flex, "SMALL_ATTENTION", 10**9 if few_operations else 0)
     bias = family_bias("t5", True)
     q, k, v = qkv(21, 50)
     prepared = prepare_bias(bias, 21, 50, q_start=12)

@@ -16,6 +16,7 @@ from relbias.training import (
     evaluate_retrieval,
     get_config,
     learned_bias,
+    learned_bias_from_results,
     load_results,
     pick_device,
     plot_learned_bias,
@@ -187,3 +188,8 @@ def test_plot_learned_bias():
               for p in ("alibi", "fire", "t5")}
     fig = plot_learned_bias(models, 20, train_len=8)
     assert len(fig.axes) == 3
+    stored = {"methods": {"alibi": {"learned_bias": {"values": [[0.0, -0.5], [0.0, -0.1]]}},
+                          "rope": {"learned_bias": None}}}
+    tables = learned_bias_from_results(stored)
+    assert list(tables) == ["alibi"] and tables["alibi"].shape == (2, 2)
+    assert len(plot_learned_bias(tables, 1).axes) == 1
