@@ -214,7 +214,10 @@ def test_outputs_are_portable(path):
         "widget state is stored in the notebook: execute it with "
         "`python -m relbias.notebook execute`, which does not store it"
     )
-    machine = re.compile(r"0x[0-9a-f]{8,}|/home/|/work/|/tmp/|/Users/|site-packages")
+    # Memory addresses, and paths of the machine that ran the notebook (this checkout, a
+    # home folder, an installed package): they would differ on the machine that re-runs it.
+    here = re.escape(str(ROOT))
+    machine = re.compile(rf"0x[0-9a-f]{{8,}}|{here}|/home/|/Users/|site-packages")
     for i, cell in enumerate(code_cells(nb)):
         for out in cell.get("outputs", []):
             assert "image/svg+xml" not in out.get("data", {}), f"cell {i}: SVG output (use PNG)"
@@ -260,6 +263,12 @@ def test_citations_resolve(path):
     assert not unknown, f"cited keys missing from references.bib: {unknown}"
     if keys:
         assert "{bibliography}" in text, "a chapter that cites needs a ```{bibliography}```"
+    for block in re.findall(r"```\{bibliography\}(.*?)```", text, re.S):
+        assert ":list: bullet" in block, (
+            "a chapter's bibliography must be a ':list: bullet' filtered to the page "
+            "(':filter: docname in docnames'): the citations themselves live in "
+            "book/references.md, and a key defined twice breaks the build"
+        )
 
 
 # --- nbval ---------------------------------------------------------------------------------------
