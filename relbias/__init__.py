@@ -15,9 +15,57 @@ from .registry import BIAS_FAMILIES, BIAS_NAMES, make_bias
 from .sandwich import Sandwich
 from .t5 import T5Bias, t5_bucket
 
+# The training side (issue 3): a tiny language model and its experiments.
+from .data import load_corpus, make_recall_batch  # noqa: E402
+from .experiments import (  # noqa: E402
+    run_extrapolation,
+    run_retrieval,
+    train_and_evaluate,
+    train_and_probe,
+)
+from .model import POSITION_NAMES, TinyLM  # noqa: E402
+from .training import (  # noqa: E402
+    Config,
+    build_model,
+    evaluate_lengths,
+    evaluate_retrieval,
+    get_config,
+    learned_bias,
+    learned_bias_from_results,
+    load_results,
+    pick_device,
+    plot_learned_bias,
+    plot_results,
+    save_results,
+    seed_everything,
+    train_lm,
+)
+
 __version__ = "0.1.0"
 
 __all__ = [
+    "POSITION_NAMES",
+    "Config",
+    "TinyLM",
+    "build_model",
+    "evaluate_lengths",
+    "evaluate_retrieval",
+    "get_config",
+    "learned_bias",
+    "learned_bias_from_results",
+    "load_corpus",
+    "load_results",
+    "make_recall_batch",
+    "pick_device",
+    "plot_learned_bias",
+    "plot_results",
+    "run_extrapolation",
+    "run_retrieval",
+    "save_results",
+    "seed_everything",
+    "train_and_evaluate",
+    "train_and_probe",
+    "train_lm",
     "ALiBi",
     "BIAS_FAMILIES",
     "BIAS_NAMES",

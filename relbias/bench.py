@@ -482,6 +482,7 @@ def evaluate_goals(report) -> dict:
                     fwd[(family, n, "materialize")]["seconds_median"] / row["seconds_median"]
                     if fwd.get((family, n, "materialize"), {}).get("seconds_median") else None
                 ),
+                "table_ratio_to_floor": fwd.get((family, n, "table"), {}).get("ratio_to_floor"),
                 "flex_ratio_to_floor": fwd.get((family, n, "flex"), {}).get("ratio_to_floor"),
             }
         goals[f"forward_n{n}"] = speed
@@ -645,8 +646,43 @@ def provenance(report) -> str:
         f"({m.get('cpu_count')} cores, {report['threads']} torch threads), "
         f"torch {report['torch']}, {cfg['dtype']}, batch {cfg['batch']}, "
         f"{cfg['heads']} heads of dimension {cfg['head_dim']}, causal; "
-        f"flush denormals: {report['flush_denormal']}; command: {report['command']}"
+        f"flush denormals: {report['flush_denormal']}; load average (1, 5, 15 min) at the "
+        f"start: {', '.join(f'{x:.1f}' for x in m.get('load_average_at_start', []))}; "
+        f"command: {report['command']}"
     )
+
+
+def summary(report) -> dict:
+    """Key numbers of a report for the book's prose (ranges over families)."""
+    goals = report["goals"]
+    fwd = next((v for k, v in goals.items() if k.startswith("forward_n")), {})
+    mem = next((v for k, v in goals.items() if k.startswith("memory_n")), {})
+    bwd = next((v for k, v in goals.items() if k.startswith("forward_backward_n")), {})
+    offset_only = [f for f in fwd if f != "fire"]
+
+    def span(values):
+        values = [v for v in values if v is not None]
+        return (min(values), max(values)) if values else (math.nan, math.nan)
+
+    out = {
+        "n_forward": next((int(k[9:]) for k in goals if k.startswith("forward_n")), None),
+        "n_memory": next((int(k[8:]) for k in goals if k.startswith("memory_n")), None),
+        "n_backward": next((int(k[18:]) for k in goals if k.startswith("forward_backward_n")),
+                           None),
+        "table": span(fwd[f].get("table_ratio_to_floor") for f in offset_only),
+        "flex": span(fwd[f]["flex_ratio_to_floor"] for f in offset_only),
+        "fire": fwd.get("fire", {}).get("table_ratio_to_floor", math.nan),
+        "fire_flex": fwd.get("fire", {}).get("flex_ratio_to_floor", math.nan),
+        "vs_references": span(v for f in fwd.values()
+                              for v in f["speedup_vs_references"].values()),
+        "vs_materialize": span(f["speedup_vs_materialize"] for f in fwd.values()),
+        "memory_table": span(m["table"]["ratio_to_floor"] for m in mem.values() if "table" in m),
+        "memory_flex": span(m["flex"]["ratio_to_floor"] for m in mem.values() if "flex" in m),
+        "backward_vs_xt": {f: g["speedup_vs_xt"] for f, g in bwd.items()
+                           if g.get("speedup_vs_xt")},
+        "backward_floor": span(g["ratio_to_floor"] for g in bwd.values()),
+    }
+    return out
 
 
 def _length_axis(ax, lengths) -> None:

@@ -41,6 +41,12 @@ def test_bench_cli_writes_json(tmp_path, capsys):
     assert {r["method"] for r in memory} == {"sdpa", "materialize", "table", "xt", "hf_t5"}
     assert not [r for r in memory if "error" in r]
     assert all(r["peak_extra_bytes"] >= 0 and r["input_bytes"] > 0 for r in memory)
+    # what the book reads from a report
+    assert "torch " in bench.provenance(report)
+    assert bench.summary(report)["n_forward"] == 48
+    assert bench.goal_rows(report)
+    assert len(bench.plot_forward(report, ["alibi", "t5"]).axes) == 2
+    assert bench.plot_memory(report, "t5").axes
 
 
 def test_bench_rejects_unknown_names():
