@@ -65,11 +65,13 @@ METHOD_NOTES = {
 
 TIMING_METHOD = (
     "Wall-clock seconds (time.perf_counter) of one call, after one warm-up call that also "
-    "compiles FlexAttention; methods interleaved within each repeat so that load from other "
-    "processes spreads over all of them; the median over repeats is reported, with every "
-    "sample. The floor's samples are pooled over all families at the same n. compile_seconds "
-    "= first call minus the median call. Process CPU time (time.process_time, all threads) "
-    "is recorded as well (cpu_seconds_min: the least over repeats)."
+    "compiles FlexAttention. For each family and n, the floor (sdpa) and every method are "
+    "called in turn within each repeat, so that load from other processes spreads over all "
+    "of them; the median over repeats is reported, with every sample. ratio_to_floor divides "
+    "by the floor timed in the same family's loop (rows with family null pool the floor's "
+    "samples of all families at that n). compile_seconds = first call minus the median "
+    "call. Process CPU time (time.process_time, all threads) is recorded as well "
+    "(cpu_seconds_min: the least over repeats)."
 )
 MEMORY_METHOD = (
     "Peak resident memory, measured in a fresh subprocess per length with glibc's mmap "
@@ -367,19 +369,19 @@ def run(args, log=print) -> dict:
                                                   log)
             floor_median = statistics.median(samples) if samples else None
             floor[(n, backward)] = floor_median
+            pass_ = "forward_backward" if backward else "forward"
+            if floor_median:
+                results.append({"family": None, "n": n, "method": "sdpa", "pass": pass_,
+                                "seconds_median": floor_median, "wall": samples,
+                                "note": "all families' floor samples at this n, pooled"})
             for family, entries in per_family.items():
+                # Ratios use the floor timed in the same loop (interleaved with the
+                # method), so that load that changes over the run cancels out.
+                own_floor = entries.get("sdpa", {}).get("seconds_median")
                 for method, e in entries.items():
-                    row = {"family": None if method == "sdpa" else family, "n": n,
-                           "method": method, "pass": "forward_backward" if backward else
-                           "forward"}
-                    row.update({key: val for key, val in e.items()})
-                    if method == "sdpa":
-                        if family != families[0]:
-                            continue
-                        row["seconds_median"] = floor_median
-                        row["wall"] = samples
-                    if "seconds_median" in row and floor_median:
-                        row["ratio_to_floor"] = row["seconds_median"] / floor_median
+                    row = {"family": family, "n": n, "method": method, "pass": pass_, **e}
+                    if "seconds_median" in row and own_floor:
+                        row["ratio_to_floor"] = row["seconds_median"] / own_floor
                     results.append(row)
         if args.memory:
             jobs = [[None, "sdpa"]] + [
