@@ -7,13 +7,6 @@ The executable companion to §2.3.5 of *Foundations of Large Language Models*
 from .alibi import ALiBi, alibi_slopes
 from .attention import biased_attention
 from .base import RelativeBias
-from .fire import FIRE
-from .kerple import KerpleLog, KerplePower
-from .offset import OffsetBias
-from .positions import relative_positions
-from .registry import BIAS_FAMILIES, BIAS_NAMES, make_bias
-from .sandwich import Sandwich
-from .t5 import T5Bias, t5_bucket
 
 # The training side (issue 3): a tiny language model and its experiments.
 from .data import load_corpus, make_recall_batch  # noqa: E402
@@ -23,7 +16,14 @@ from .experiments import (  # noqa: E402
     train_and_evaluate,
     train_and_probe,
 )
+from .fire import FIRE
+from .kerple import KerpleLog, KerplePower
 from .model import POSITION_NAMES, TinyLM  # noqa: E402
+from .offset import OffsetBias
+from .positions import relative_positions
+from .registry import BIAS_FAMILIES, BIAS_NAMES, make_bias
+from .sandwich import Sandwich
+from .t5 import T5Bias, t5_bucket
 from .training import (  # noqa: E402
     Config,
     build_model,

@@ -322,7 +322,7 @@ def extrapolation_rows(results: dict, *, methods=None):
 #: PE(i, j) of each method in the book's notation (Table 2.4 and Eqs. 2.78-2.84), and what
 #: the book calls its hyper-parameters; the baselines add no bias.
 TABLE_2_4 = {
-    "offset": (r"$u_{i-j}$ (clipped at $m_l - 1$)", "none"),
+    "offset": (r"$u_{i-j}$, offsets clipped to $m_l - 1$", r"the clip $K$ (here $m_l - 1$)"),
     "t5": (r"$u_{b(i-j)}$", r"$n_b$, $\mathrm{dist}_{max}$"),
     "alibi": (r"$-\beta\,(i-j)$", r"$\beta$ per head (fixed slopes)"),
     "sandwich": (r"$\sum_{k=1}^{d'/2}\cos\big((i-j)/10000^{2k/d'}\big)$", r"$d'$"),
@@ -331,7 +331,7 @@ TABLE_2_4 = {
     "fire": (r"$f_\theta\big(\psi(i-j)/\psi(\max(m_{len}, i))\big)$",
              r"hidden size; $c$, $m_{len}$ learned"),
     "nope": ("no positional information", "none"),
-    "sinusoidal": ("sinusoidal absolute embedding", "none"),
+    "sinusoidal": ("sinusoidal absolute embedding (learned scale)", "none"),
     "learned": ("learned absolute embedding", r"$m_l$"),
     "rope": ("rotary embedding of $q$, $k$", "base"),
 }
@@ -340,18 +340,17 @@ TABLE_2_4 = {
 def positional_parameters(name: str, config) -> int:
     """Learnable positional parameters of a :class:`~relbias.model.TinyLM` built with ``config``.
 
-    Counts the bias module (shared by the layers, as TinyLM does by default) or the
-    learned absolute table; 0 for the parameter-free schemes.
+    The difference between the model's parameter count and that of the same model with
+    no positional information (``nope``): the bias module (shared by the layers, as
+    TinyLM does by default), the learned absolute table, or the sinusoid's scale.
     """
-    from .model import BIAS_POSITIONS, default_bias_kwargs
-    from .registry import make_bias
+    from .training import build_model
 
-    if name in BIAS_POSITIONS:
-        bias = make_bias(name, config.heads, **default_bias_kwargs(name, config.train_len))
-        return sum(p.numel() for p in bias.parameters() if p.requires_grad)
-    if name == "learned":
-        return config.train_len * config.dim
-    return 0
+    def count(position: str) -> int:
+        return sum(p.numel() for p in build_model(position, config).parameters()
+                   if p.requires_grad)
+
+    return count(name) - count("nope")
 
 
 def bias_values_computed(name: str, config, length: int) -> str:
@@ -379,18 +378,37 @@ def table_2_4_rows(results: dict, config, *, cost_length: int = 1024):
 
     For every method in ``results`` (an extrapolation result): PE(i, j) in the book's
     notation, what the book calls hyper-parameters, learnable positional parameters of the
-    TinyLM of ``config``, the work to build a ``cost_length`` bias, the training speed
-    recorded in ``results``, and the extrapolation measured there (bits per byte at the
-    longest length over those at the training length).
+    TinyLM of ``config``, the work to build a ``cost_length`` bias, and the extrapolation
+    measured in ``results`` (bits per byte at the longest length over those at the
+    training length).
     """
     headers = ["method", "PE(i, j)", "hyper-parameters", "learned parameters",
-               f"bias for n = {cost_length}", "training tokens/s (stored)",
-               "bpb longest / bpb train"]
+               f"work for a {cost_length}-token bias", "bpb longest / bpb train"]
     rows = []
     for name, rec in results["methods"].items():
         formula, hyper = TABLE_2_4[name]
         bpb = [r["bpb"] for r in rec["eval"]]
         rows.append([name, formula, hyper, positional_parameters(name, config),
-                     bias_values_computed(name, config, cost_length),
-                     round(rec["train"]["tokens_per_s"]), bpb[-1] / bpb[0]])
+                     bias_values_computed(name, config, cost_length), bpb[-1] / bpb[0]])
     return rows, headers
+
+
+def plot_window_loss(evals: dict, train_len: int, *, ax=None, window: int = 32):
+    """Loss by position inside the longest window, one line per entry of ``evals``.
+
+    ``evals`` maps a label to the rows of :func:`relbias.training.evaluate_lengths`; the
+    longest length's ``loss_by_position`` is smoothed by a running mean over ``window``.
+    """
+    if ax is None:
+        fig, ax = figure(6.4, 3.4)
+    else:
+        fig = ax.figure
+    for name, rows in evals.items():
+        row = rows[-1]
+        y = np.convolve(row["loss_by_position"], np.ones(window) / window, mode="valid")
+        ax.plot(np.arange(len(y)) + window - 1, y, lw=1.1, label=name)
+    ax.axvline(train_len, color="grey", lw=0.8)
+    ax.set_xlabel(f"position in the window of {row['length']} (running mean of {window})")
+    ax.set_ylabel("bits per byte")
+    ax.legend(fontsize=7)
+    return fig
