@@ -165,6 +165,8 @@ def _applicable(method: str, family: str, n: int, heads: int, max_dense_gib: flo
     if backward and method == "flex" and not torch.cuda.is_available():
         return "FlexAttention has no backward on the CPU"
     copies = DENSE_COPIES.get(method)
+    if copies and family == "fire":
+        copies += 32 / heads  # FIRE's MLP holds its hidden layer (32 units) for every score
     if copies:
         need = copies * (3 if backward else 1) * heads * n * n * 4 / 2**30
         if need > max_dense_gib:
