@@ -353,6 +353,16 @@ def _machine() -> dict:
 
 
 def run(args, log=print) -> dict:
+    """Run the benchmark; the caller's thread count and denormal mode are restored after."""
+    threads = torch.get_num_threads()
+    try:
+        return _run(args, log)
+    finally:
+        torch.set_num_threads(threads)
+        torch.set_flush_denormal(False)  # PyTorch's default; there is no getter
+
+
+def _run(args, log=print) -> dict:
     torch.set_num_threads(args.threads)
     torch.set_flush_denormal(args.flush_denormal)
     started = time.time()
