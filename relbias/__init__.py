@@ -10,12 +10,6 @@ from .base import RelativeBias
 
 # The training side (issue 3): a tiny language model and its experiments.
 from .data import load_corpus, make_recall_batch  # noqa: E402
-from .experiments import (  # noqa: E402
-    run_extrapolation,
-    run_retrieval,
-    train_and_evaluate,
-    train_and_probe,
-)
 from .fire import FIRE
 from .kerple import KerpleLog, KerplePower
 from .model import POSITION_NAMES, TinyLM  # noqa: E402
@@ -42,6 +36,19 @@ from .training import (  # noqa: E402
 )
 
 __version__ = "0.1.0"
+
+# The experiment entry points are loaded on first use, not here: importing
+# relbias.experiments from this file would make ``python -m relbias.experiments``
+# warn that the module was imported twice.
+_EXPERIMENTS = ("run_extrapolation", "run_retrieval", "train_and_evaluate", "train_and_probe")
+
+
+def __getattr__(name: str):
+    if name in _EXPERIMENTS:
+        from . import experiments
+
+        return getattr(experiments, name)
+    raise AttributeError(f"module 'relbias' has no attribute {name!r}")
 
 __all__ = [
     "POSITION_NAMES",

@@ -26,6 +26,16 @@ our quick runs, against about 2.0 for the others; with x-transformers' initial s
 Bias sharing: by default (``share_bias=True``) one bias module serves every layer,
 as T5 shares its bucket table across layers; ``share_bias=False`` gives every layer
 its own module (own parameters for learnable families).
+
+The bias reaches attention prepared (:func:`relbias.flex.prepare_bias`): each forward
+computes a module's O(n) table (FIRE: its O(n) ingredients) once and hands it to the
+layers that share it. :func:`relbias.biased_attention` then picks the backend: in
+training it materialises the bias from that table (gradients reach the parameters),
+and in evaluation on a CPU (no gradients) it reads the table through a strided view,
+with no ``len x len`` tensor per head, so 16x-length evaluations stay cheap.
+``attention_backend`` (an attribute, changeable after training) overrides the choice.
+On CUDA, ``"auto"`` materialises: FlexAttention training on a GPU is not yet verified
+by this project (no GPU was available to it); set ``"flex"`` to try it.
 """
 
 from __future__ import annotations
@@ -36,7 +46,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from .attention import biased_attention
+from .attention import BACKENDS, biased_attention
+from .flex import prepare_bias
 from .registry import BIAS_NAMES as _BIAS_NAMES
 from .registry import make_bias
 
@@ -146,14 +157,14 @@ class Attention(nn.Module):
         self.proj = nn.Linear(dim, dim, bias=False)
         self.rotary = rotary
 
-    def forward(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, bias=None, backend: str = "auto") -> torch.Tensor:
         b, t, c = x.shape
         q, k, v = self.qkv(x).view(b, t, 3, self.heads, c // self.heads).permute(2, 0, 3, 1, 4)
         if self.rotary is not None:
             q, k = self.rotary(q), self.rotary(k)
-        if bias is not None:
+        if isinstance(bias, torch.Tensor):
             bias = bias.to(q.dtype)
-        out = biased_attention(q, k, v, bias=bias, causal=True)
+        out = biased_attention(q, k, v, bias=bias, causal=True, backend=backend)
         return self.proj(out.transpose(1, 2).reshape(b, t, c))
 
 
@@ -170,10 +181,10 @@ class Block(nn.Module):
         )
         self.bias = bias
 
-    def forward(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, bias=None, backend: str = "auto") -> torch.Tensor:
         if self.bias is not None:
-            bias = self.bias(x.shape[1])
-        x = x + self.attn(self.norm1(x), bias)
+            bias = prepare_bias(self.bias, x.shape[1])
+        x = x + self.attn(self.norm1(x), bias, backend)
         return x + self.mlp(self.norm2(x))
 
 
@@ -201,6 +212,10 @@ class TinyLM(nn.Module):
     rope_base, rope_scale:
         ``position="rope"`` only: the rotation base and the position-interpolation
         factor (``rope_scale`` can be changed after training).
+    attention_backend:
+        ``backend`` of :func:`relbias.biased_attention` for every layer: ``"auto"``
+        (default; see the module docstring), ``"materialize"``, ``"table"`` or
+        ``"flex"``. Can be changed after training.
 
     ``forward(idx)`` takes byte ids ``[batch, len]`` and returns logits
     ``[batch, len, vocab_size]``. Input and output embeddings are tied.
@@ -221,6 +236,7 @@ class TinyLM(nn.Module):
         rope_base: float = 10000.0,
         rope_scale: float = 1.0,
         mlp_ratio: int = 4,
+        attention_backend: str = "auto",
     ):
         super().__init__()
         _check_sizes(vocab_size=vocab_size, dim=dim, depth=depth, heads=heads, train_len=train_len)
@@ -233,6 +249,7 @@ class TinyLM(nn.Module):
         self.position, self.train_len, self.dim = position, train_len, dim
         self.heads, self.depth, self.share_bias = heads, depth, share_bias
         self.bias_kwargs = {**default_bias_kwargs(position, train_len), **(bias_kwargs or {})}
+        self.attention_backend = attention_backend
         self.embed = nn.Embedding(vocab_size, dim)
         self.sin_scale = (nn.Parameter(torch.tensor(SIN_SCALE)) if position == "sinusoidal"
                           else None)
@@ -253,6 +270,21 @@ class TinyLM(nn.Module):
         self.head = nn.Linear(dim, vocab_size, bias=False)
         self.head.weight = self.embed.weight
         self._init_weights()
+
+    @property
+    def attention_backend(self) -> str:
+        return self._attention_backend
+
+    @attention_backend.setter
+    def attention_backend(self, value: str) -> None:
+        if value not in BACKENDS:
+            raise ValueError(f"attention_backend must be one of {list(BACKENDS)}, got {value!r}")
+        self._attention_backend = value
+
+    def _backend_for(self, device: torch.device) -> str:
+        if self._attention_backend == "auto" and device.type == "cuda":
+            return "materialize"
+        return self._attention_backend
 
     @property
     def uses_bias(self) -> bool:
@@ -294,9 +326,10 @@ class TinyLM(nn.Module):
             x = x + (self.sin_scale * table).to(x.dtype)
         elif self.abs_pos is not None:
             x = x + self.abs_pos(t)
-        shared = self.bias(t) if self.bias is not None else None
+        shared = prepare_bias(self.bias, t) if self.bias is not None else None
+        backend = self._backend_for(x.device)
         for block in self.blocks:
-            x = block(x, shared)
+            x = block(x, shared, backend)
         return self.head(self.norm(x))
 
     def extra_repr(self) -> str:

@@ -143,7 +143,8 @@ def _qualified_name(obj) -> str:
 
 def _source_file(obj) -> str:
     try:
-        path = Path(inspect.getsourcefile(obj) or "").resolve()
+        # unwrap: a decorated function (e.g. @torch.no_grad()) lives where it is defined
+        path = Path(inspect.getsourcefile(inspect.unwrap(obj)) or "").resolve()
     except TypeError:
         return "?"
     try:

@@ -101,3 +101,73 @@ def test_sinusoidal_table():
     table = sinusoidal_positions(10, 6)
     assert table.shape == (10, 6)
     torch.testing.assert_close(table[0], torch.tensor([0.0, 1.0] * 3))
+
+
+# --- the prepared bias and the attention backend ---------------------------------------------
+
+@pytest.mark.parametrize("share_bias", [True, False])
+@pytest.mark.parametrize("position", BIAS_POSITIONS)
+def test_fast_evaluation_equals_the_materialised_bias(position, share_bias):
+    """Under no_grad on the CPU the model reads its bias from the O(n) table; same logits."""
+    torch.manual_seed(1)
+    model = TinyLM(position=position, share_bias=share_bias, **TINY).eval()
+    x = torch.randint(0, 256, (2, 16 * TINY["train_len"]))   # 16x the training length
+    with torch.no_grad():
+        fast = model(x)
+        model.attention_backend = "materialize"
+        dense = model(x)
+    assert relbias_backend_after(model, x, "auto") == "table"
+    torch.testing.assert_close(fast, dense, atol=2e-5, rtol=1e-4)
+
+
+def relbias_backend_after(model, x, backend):
+    from relbias.flex import last_backend
+
+    model.attention_backend = backend
+    with torch.no_grad():
+        model(x)
+    return last_backend()
+
+
+@pytest.mark.parametrize("position", BIAS_POSITIONS)
+def test_training_gradients_equal_the_materialised_bias(position):
+    torch.manual_seed(2)
+    model = TinyLM(position=position, **TINY)
+    x = torch.randint(0, 256, (2, 8))
+    grads = {}
+    for backend in ("auto", "materialize"):
+        model.attention_backend = backend
+        model.zero_grad()
+        model(x).square().mean().backward()
+        grads[backend] = {n: p.grad.clone() for n, p in model.named_parameters()
+                          if p.grad is not None}
+    assert grads["auto"].keys() == grads["materialize"].keys()
+    learnable = any(True for _ in model.bias.parameters())
+    assert any(n.startswith("bias.") for n in grads["auto"]) == learnable
+    for name in grads["auto"]:
+        torch.testing.assert_close(grads["auto"][name], grads["materialize"][name])
+
+
+@pytest.mark.parametrize("position", BIAS_POSITIONS)
+def test_shared_bias_is_computed_once_per_forward(position, monkeypatch):
+    import relbias.model as model_module
+
+    calls = []
+    real = model_module.prepare_bias
+    monkeypatch.setattr(model_module, "prepare_bias",
+                        lambda bias, *a, **k: calls.append(bias) or real(bias, *a, **k))
+    model = TinyLM(position=position, **{**TINY, "depth": 3})
+    model(torch.randint(0, 256, (1, 8)))
+    assert calls == [model.bias]
+    per_layer = TinyLM(position=position, share_bias=False, **{**TINY, "depth": 3})
+    calls.clear()
+    per_layer(torch.randint(0, 256, (1, 8)))
+    assert calls == [blk.bias for blk in per_layer.blocks]
+
+
+def test_attention_backend_is_checked():
+    with pytest.raises(ValueError, match="attention_backend must be one of"):
+        TinyLM(position="alibi", attention_backend="fast", **TINY)
+    model = TinyLM(position="alibi", **TINY)
+    with pytest.raises(ValueError, match="attention_backend must be one of"):
+        model.attention_backend = "gpu"
