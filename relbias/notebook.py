@@ -29,6 +29,7 @@ state or timings: the outputs that nbval then compares.
 
 from __future__ import annotations
 
+import ast
 import inspect
 import io
 import math
@@ -249,7 +250,7 @@ def glue(name: str, value, display: bool = False):
     """
     plain = _plain(value)
     if isinstance(plain, str):
-        plain = _Text(plain)
+        plain = _Text(_pasteable(plain))
     try:
         from myst_nb import glue as _myst_glue
     except ImportError:
@@ -258,6 +259,20 @@ def glue(name: str, value, display: bool = False):
         return None
     _myst_glue(name, plain, display=display)
     return None
+
+
+def _pasteable(text: str) -> str:
+    """``text`` as myst-nb pastes it back unchanged.
+
+    myst-nb reads glued plain text with :func:`ast.literal_eval` before pasting it, so
+    "20, 80, 320" would come out as the tuple "(20, 80, 320)" and "2.00, 1.68" as
+    "(2.0, 1.68)"; such a string is glued quoted, which the evaluation strips again.
+    """
+    try:
+        value = ast.literal_eval(text)
+    except Exception:  # noqa: BLE001 - anything it cannot read is pasted as it is
+        return text
+    return text if str(value) == text else repr(text)
 
 
 # --- tables ----------------------------------------------------------------------------------

@@ -364,6 +364,17 @@ def test_show_source_shows_the_real_source():
     assert decorated.startswith("`relbias.kerple._Kerple.project_`, from `relbias/kerple.py`")
 
 
+@pytest.mark.parametrize("text", ["20, 80, 320, 1280", "2.00, 1.68", "1.0", "7", "2^-8",
+                                  "alibi, t5", "[1, 2]", "'quoted'", "None"])
+def test_glued_text_is_pasted_unchanged(text):
+    """myst-nb literal_evals pasted text; nb.glue quotes what it would change."""
+    from myst_nb.core.variables import format_plain_text
+
+    from relbias.notebook import _pasteable
+
+    assert format_plain_text(_pasteable(text), "") == text
+
+
 def test_show_table_and_glue_values():
     import torch
 
