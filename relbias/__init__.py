@@ -11,6 +11,7 @@ from .base import RelativeBias
 # The training side (issue 3): a tiny language model and its experiments.
 from .data import load_corpus, make_recall_batch  # noqa: E402
 from .fire import FIRE
+from .flex import prepare_bias
 from .kerple import KerpleLog, KerplePower
 from .model import POSITION_NAMES, TinyLM  # noqa: E402
 from .offset import OffsetBias
@@ -86,6 +87,7 @@ __all__ = [
     "alibi_slopes",
     "biased_attention",
     "make_bias",
+    "prepare_bias",
     "relative_positions",
     "t5_bucket",
 ]
