@@ -28,6 +28,8 @@ from pathlib import Path
 
 import torch
 
+from ._checks import check_int
+
 EXCLUDED_DIRS = frozenset(
     {"test", "tests", "idle_test", "site-packages", "dist-packages", "__pycache__"}
 )
@@ -155,11 +157,9 @@ def _to_tensor(data: bytes) -> torch.Tensor:
 
 
 def _check_positive(**values) -> None:
-    for name, value in values.items():
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-        if value < 1:
-            raise ValueError(f"{name} must be >= 1, got {value}")
+    """Each value must be an integer >= 1 (the error names the argument)."""
+    for arg, value in values.items():
+        check_int(arg, value, minimum=1)
 
 
 def random_windows(

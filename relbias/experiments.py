@@ -99,21 +99,31 @@ def train_and_evaluate(method: str, config: Config, *, corpus=None, device=None,
     return model, record
 
 
+def _sweep(run_one, methods, device, verbose: bool):
+    """Run ``run_one(method, device)`` for every method; (device, records, wall seconds)."""
+    methods = resolve_methods(methods or ["all"])
+    device = device or pick_device(verbose=verbose)
+    start, records = time.perf_counter(), {}
+    for method in methods:
+        _, records[method] = run_one(method, device)
+        if verbose:
+            _report(method, records[method])
+    return device, records, time.perf_counter() - start
+
+
 def run_extrapolation(config: Config | None = None, methods=None, *, out=None, device=None,
                       progress: bool = True, factors=None, verbose: bool = True) -> dict:
     """Train and evaluate every method; returns (and with ``out`` writes) the results."""
     config = config or get_config()
-    methods = resolve_methods(methods or ["all"])
-    device = device or pick_device(verbose=verbose)
     corpus = load_corpus(max_bytes=config.corpus_bytes)
-    start, records = time.perf_counter(), {}
-    for method in methods:
-        _, records[method] = train_and_evaluate(method, config, corpus=corpus, device=device,
-                                                progress=progress, factors=factors)
-        if verbose:
-            _report(method, records[method])
+
+    def one(method, device):
+        return train_and_evaluate(method, config, corpus=corpus, device=device,
+                                  progress=progress, factors=factors)
+
+    device, records, wall_s = _sweep(one, methods, device, verbose)
     results = {"kind": "extrapolation", "methods": records, "corpus": corpus.describe(),
-               "provenance": provenance(config, device, wall_s=time.perf_counter() - start)}
+               "provenance": provenance(config, device, wall_s=wall_s)}
     if out is not None:
         _write(results, out)
     return results
@@ -145,19 +155,17 @@ def run_retrieval(config: Config | None = None, methods=None, *, out=None, devic
                   verbose: bool = True) -> dict:
     """Train every method on the probe; returns (and with ``out`` writes) the results."""
     config = config or get_config()
-    methods = resolve_methods(methods or ["all"])
-    device = device or pick_device(verbose=verbose)
-    start, records = time.perf_counter(), {}
-    for method in methods:
-        _, records[method] = train_and_probe(method, config, device=device, progress=progress,
-                                             factors=factors, distances=distances)
-        if verbose:
-            _report(method, records[method])
+
+    def one(method, device):
+        return train_and_probe(method, config, device=device, progress=progress,
+                               factors=factors, distances=distances)
+
+    device, records, wall_s = _sweep(one, methods, device, verbose)
     results = {"kind": "retrieval", "methods": records,
                "probe": {"task": "key-value recall, answer copied from `distance` back",
                          "num_pairs": config.probe_num_pairs,
                          "num_distractors": config.probe_distractors, "chance": 0.1},
-               "provenance": provenance(config, device, wall_s=time.perf_counter() - start)}
+               "provenance": provenance(config, device, wall_s=wall_s)}
     if out is not None:
         _write(results, out)
     return results

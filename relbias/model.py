@@ -46,6 +46,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from ._checks import check_int
 from .attention import BACKENDS, biased_attention
 from .flex import prepare_bias
 from .registry import BIAS_NAMES as _BIAS_NAMES
@@ -337,12 +338,10 @@ class TinyLM(nn.Module):
                 f"share_bias={self.share_bias}")
 
 
-def _check_sizes(**sizes) -> None:
-    for name, value in sizes.items():
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-        if value < 1:
-            raise ValueError(f"{name} must be >= 1, got {value}")
+def _check_sizes(**values) -> None:
+    """Each value must be an integer >= 1 (the error names the argument)."""
+    for arg, value in values.items():
+        check_int(arg, value, minimum=1)
 
 
 def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
