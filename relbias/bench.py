@@ -25,6 +25,7 @@ import json
 import math
 import os
 import platform
+import re
 import statistics
 import subprocess
 import sys
@@ -634,20 +635,26 @@ def compare(n: int, families, methods=("materialize", "table", "xt", "hf_t5"), *
 RESULTS_URL = "https://raw.githubusercontent.com/relbias/relbias/main/benchmarks/results/"
 
 
-def load_report(path=None) -> dict:
-    """The stored benchmark JSON (default: benchmarks/results/cpu.json of the repository).
+def load_report(path=None, *, name: str = "cpu") -> dict:
+    """A stored benchmark JSON: ``path``, or ``benchmarks/results/<name>.json``.
 
-    Where the package was installed without the repository (Colab), the default file
-    is downloaded from the repository instead.
+    ``name="cpu"`` (default) is the full CPU run; ``"cpu_n4096_quiet"`` the n = 4,096
+    forward timings repeated on a quiet machine. Where the package was installed without
+    the repository (Colab), the named file is downloaded from the repository instead.
     """
     if path is not None:
         return json.loads(Path(path).read_text())
-    local = RESULTS_DIR / "cpu.json"
+    if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9_.-]+", name):
+        raise ValueError(f"name must be a file name without folders, got {name!r}")
+    local = RESULTS_DIR / f"{name}.json"
     if local.exists():
         return json.loads(local.read_text())
+    if (RESULTS_DIR / "cpu.json").exists():  # in the repository, and no such result
+        known = sorted(p.stem for p in RESULTS_DIR.glob("*.json"))
+        raise ValueError(f"no stored benchmark named {name!r}; stored: {known}")
     from urllib.request import urlopen
 
-    with urlopen(RESULTS_URL + "cpu.json", timeout=30) as response:
+    with urlopen(RESULTS_URL + f"{name}.json", timeout=30) as response:
         return json.loads(response.read().decode())
 
 

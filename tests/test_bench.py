@@ -61,3 +61,16 @@ def test_quick_defaults():
     assert args.lengths == list(bench.QUICK_LENGTHS)
     assert args.out.endswith("cpu-quick.json")
     assert bench.parse_args([]).lengths == list(bench.FULL_LENGTHS)
+
+
+def test_stored_reports_load_by_name():
+    from relbias import bench
+
+    full, quiet = bench.load_report(), bench.load_report(name="cpu_n4096_quiet")
+    assert full["config"]["lengths"][-1] == 16384
+    assert quiet["config"]["lengths"] == [4096]
+    assert set(quiet["goals"]["forward_n4096"]) == set(full["config"]["families"])
+    with pytest.raises(ValueError, match="name must be a file name"):
+        bench.load_report(name="../cpu")
+    with pytest.raises(ValueError, match="no stored benchmark named 'gpu'"):
+        bench.load_report(name="gpu")

@@ -188,10 +188,7 @@ def test_chapter_has_goals_exercises_and_solutions(path):
     assert gated == ["solution-start", "solution-end"] * (len(gated) // 2), gated
 
 
-CHAPTERS = [p for p in NOTEBOOKS if p.name[:2].isdigit()]
-
-
-@pytest.mark.parametrize("path", CHAPTERS, ids=[p.stem for p in CHAPTERS])
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=NOTEBOOK_IDS)
 def test_chapter_has_an_explorer_and_a_static_figure(path):
     """Sliders for a live kernel, and a PNG figure for the static book."""
     nb = load(path)
