@@ -17,6 +17,12 @@ def check_int(name: str, value, *, minimum: int | None = None) -> int:
     return value
 
 
+def check_positive_ints(**values) -> None:
+    """Each keyword's value must be an integer >= 1 (the error names the keyword)."""
+    for name, value in values.items():
+        check_int(name, value, minimum=1)
+
+
 def check_positive_float(name: str, value) -> float:
     """Return ``value`` as a positive finite float or raise naming ``name``."""
     if isinstance(value, bool) or not isinstance(value, numbers.Real):

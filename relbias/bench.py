@@ -638,8 +638,8 @@ RESULTS_URL = "https://raw.githubusercontent.com/relbias/relbias/main/benchmarks
 def load_report(path=None, *, name: str = "cpu") -> dict:
     """A stored benchmark JSON: ``path``, or ``benchmarks/results/<name>.json``.
 
-    ``name="cpu"`` (default) is the full CPU run; ``"cpu_n4096_quiet"`` the n = 4,096
-    forward timings repeated on a quiet machine. Where the package was installed without
+    ``name="cpu"`` (default) is the full CPU run; ``"cpu_n4096_quiet"`` a second run of
+    the n = 4,096 forward timings only. Where the package was installed without
     the repository (Colab), the named file is downloaded from the repository instead.
     """
     if path is not None:
@@ -649,7 +649,7 @@ def load_report(path=None, *, name: str = "cpu") -> dict:
     local = RESULTS_DIR / f"{name}.json"
     if local.exists():
         return json.loads(local.read_text())
-    if (RESULTS_DIR / "cpu.json").exists():  # in the repository, and no such result
+    if RESULTS_DIR.is_dir():  # running from the repository, which has no such result
         known = sorted(p.stem for p in RESULTS_DIR.glob("*.json"))
         raise ValueError(f"no stored benchmark named {name!r}; stored: {known}")
     from urllib.request import urlopen

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-from ._checks import check_int
+from ._checks import check_positive_ints
 
 EXCLUDED_DIRS = frozenset(
     {"test", "tests", "idle_test", "site-packages", "dist-packages", "__pycache__"}
@@ -109,7 +109,7 @@ def select_files(
     val_every: int = DEFAULT_VAL_EVERY,
 ) -> list[dict]:
     """The chosen files in corpus order, each ``{"path", "bytes", "split"}``."""
-    _check_positive(max_bytes=max_bytes, max_file_bytes=max_file_bytes, val_every=val_every)
+    check_positive_ints(max_bytes=max_bytes, max_file_bytes=max_file_bytes, val_every=val_every)
     root = Path(root) if root is not None else stdlib_root()
     chosen, total = [], 0
     for rel in sorted(list_source_files(root), key=_path_hash):
@@ -156,17 +156,12 @@ def _to_tensor(data: bytes) -> torch.Tensor:
     return torch.frombuffer(bytearray(data), dtype=torch.uint8).clone()
 
 
-def _check_positive(**values) -> None:
-    """Each value must be an integer >= 1 (the error names the argument)."""
-    for arg, value in values.items():
-        check_int(arg, value, minimum=1)
-
 
 def random_windows(
     data: torch.Tensor, batch_size: int, seq_len: int, generator: torch.Generator
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """A batch of random windows: inputs and next-byte targets, both ``[batch, seq_len]``."""
-    _check_positive(batch_size=batch_size, seq_len=seq_len)
+    check_positive_ints(batch_size=batch_size, seq_len=seq_len)
     if data.numel() < seq_len + 1:
         raise ValueError(f"data has {data.numel()} bytes, fewer than seq_len + 1 = {seq_len + 1}")
     starts = torch.randint(0, data.numel() - seq_len, (batch_size,), generator=generator)
@@ -182,7 +177,7 @@ def eval_windows(data: torch.Tensor, seq_len: int, num_tokens: int) -> tuple:
     every target byte is predicted exactly once. Returns ``(inputs, targets)``, each
     ``[num_tokens // L, L]``; raises when not even one window fits.
     """
-    _check_positive(seq_len=seq_len, num_tokens=num_tokens)
+    check_positive_ints(seq_len=seq_len, num_tokens=num_tokens)
     count = min(num_tokens, data.numel() - 1) // seq_len
     if count < 1:
         raise ValueError(
@@ -219,7 +214,7 @@ def make_recall_batch(
     ``distance`` is an int or a LongTensor ``[batch_size]``. Returns ``(inputs, targets)``
     as LongTensors ``[batch_size, seq_len]``.
     """
-    _check_positive(batch_size=batch_size, seq_len=seq_len, num_pairs=num_pairs)
+    check_positive_ints(batch_size=batch_size, seq_len=seq_len, num_pairs=num_pairs)
     if isinstance(num_distractors, bool) or not isinstance(num_distractors, int) \
             or num_distractors < 0:
         raise ValueError(f"num_distractors must be an integer >= 0, got {num_distractors!r}")

@@ -46,7 +46,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from ._checks import check_int
+from ._checks import check_positive_ints
 from .attention import BACKENDS, biased_attention
 from .flex import prepare_bias
 from .registry import BIAS_NAMES as _BIAS_NAMES
@@ -240,7 +240,9 @@ class TinyLM(nn.Module):
         attention_backend: str = "auto",
     ):
         super().__init__()
-        _check_sizes(vocab_size=vocab_size, dim=dim, depth=depth, heads=heads, train_len=train_len)
+        check_positive_ints(
+            vocab_size=vocab_size, dim=dim, depth=depth, heads=heads, train_len=train_len
+        )
         if dim % heads:
             raise ValueError(f"dim ({dim}) must be divisible by heads ({heads})")
         if position not in POSITION_NAMES:
@@ -337,11 +339,6 @@ class TinyLM(nn.Module):
         return (f"position={self.position!r}, train_len={self.train_len}, "
                 f"share_bias={self.share_bias}")
 
-
-def _check_sizes(**values) -> None:
-    """Each value must be an integer >= 1 (the error names the argument)."""
-    for arg, value in values.items():
-        check_int(arg, value, minimum=1)
 
 
 def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
