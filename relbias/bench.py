@@ -53,9 +53,11 @@ METHOD_NOTES = {
     "materialize": "relbias.biased_attention(backend='materialize'): [H, n, n] bias + causal "
     "-inf as a 4-D additive mask of scaled_dot_product_attention",
     "table": "relbias.biased_attention(backend='table'): offset-only families read their "
-    "O(n) table through a zero-copy strided (Hankel) mask with reversed query rows, causal "
-    "attention in blocks of query rows; FIRE evaluates its MLP per block of rows with a "
-    "compiled fused kernel",
+    "O(n) table through a zero-copy strided (Hankel) mask with reversed query rows; causal "
+    "attention in tiles of 1024 query rows (the keys before a tile in one call, its causal "
+    "triangle in strips of 256 rows, joined by log-sum-exp), blocks of rows below that; FIRE "
+    "evaluates its MLP (hidden units that do not switch on [0, 1] folded into one linear "
+    "term) per block of rows with a compiled fused kernel",
     "flex": "relbias.biased_attention(backend='flex'): compiled FlexAttention, score_mod "
     "reads the O(n) table (FIRE: computes its MLP per score), causal block mask",
     "xt": "x-transformers RelativePositionBias / AlibiPositionalBias -> [H, n, n] bias, "
@@ -702,6 +704,8 @@ def summary(report) -> dict:
         "backward_vs_xt": {f: g["speedup_vs_xt"] for f, g in bwd.items()
                            if g.get("speedup_vs_xt")},
         "backward_floor": span(g["ratio_to_floor"] for g in bwd.values()),
+        "forward_met": [f for f, g in fwd.items() if g["met"]],
+        "forward_missed": [f for f, g in fwd.items() if not g["met"]],
     }
     return out
 

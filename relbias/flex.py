@@ -16,9 +16,13 @@ attention scores in three ways (its ``backend`` argument):
     a Hankel matrix, which *is* a strided view of the reversed table (strides
     ``(1, 1)``, no copy): PyTorch's fused CPU attention kernel reads that view as
     its mask. Causal attention runs in blocks of query rows, each against the keys
-    it can see, with ``-inf`` in the table for future keys. FIRE, which also
-    depends on the absolute query position, is evaluated block by block instead
-    (:class:`FIREBias`), so that no ``q_len x k_len`` tensor exists at once.
+    it can see, with ``-inf`` in the table for future keys; long sequences run in
+    tiles that split each block's past keys from its causal triangle and join the
+    two by their log-sum-exp, so that no score above the diagonal is computed in
+    vain. FIRE, which also depends on the absolute query position, is evaluated
+    block by block instead (:class:`FIREBias`), so that no ``q_len x k_len`` tensor
+    exists at once; hidden units of its MLP that do not switch on the inputs met
+    are folded into one linear term first.
 
 ``"flex"``
     Compute the bias inside the attention kernel with FlexAttention's
@@ -37,6 +41,7 @@ gradients to the module's parameters.
 from __future__ import annotations
 
 import math
+import threading
 import time
 from collections import OrderedDict
 
@@ -315,21 +320,45 @@ class FIREBias(PreparedBias):
         fut = _reversed_hankel(future[None], self.q_len, start, stop, k_stop)[0, 0]
         den = self.denominator[start:stop].flip(0)
         if _use_fused_fire(self, dtype):
-            fused = _timed(_fused_fire_block(), ("fire_block", self.num_heads, self.hidden))
-            bias = fused(x_num, fut, den, self.w1, self.b1, self.w2, self.b2)
+            w1, b1, w2, slope, intercept = self.folded_mlp(causal)
+            fused = _timed(_fused_fire_block(), ("fire_block", self.num_heads, w1.shape[0]))
+            bias = fused(x_num, fut, den, w1, b1, w2, slope, intercept)
             return bias.to(dtype)[None]
         bias = self._mlp(x_num / den[:, None]).to(dtype)
         return (bias + fut if causal else bias)[None]
 
+    def folded_mlp(self, causal: bool):
+        r"""The MLP with every hidden unit that does not switch on the inputs folded away.
 
-def _fire_block(x_num, future, den, w1, b1, w2, b2):
+        A hidden unit :math:`\mathrm{relu}(w_u x + b_u)` whose sign does not change
+        for :math:`x` in :math:`[0, x_{\max}]` is either zero there (dropped) or linear
+        (added into ``slope * x + intercept``). Causal attention meets
+        :math:`x \le 1` (:math:`|i - j| \le i \le \max(L, i)`); bidirectional
+        attention the largest value of its tables. Returns ``(w1, b1, w2, slope,
+        intercept)`` for the switching units: the same function, fewer units.
+        """
+        key = ("folded", causal)
+        if key not in self._aux:
+            x_max = 1.0 if causal else float(self.psi_table.max() / self.denominator.min())
+            at_zero, at_max = self.b1, self.w1 * x_max + self.b1
+            linear = (at_zero >= 0) & (at_max >= 0)
+            switching = ~linear & ~((at_zero <= 0) & (at_max <= 0))
+            slope = self.w2[:, linear] @ self.w1[linear]
+            intercept = self.b2 + self.w2[:, linear] @ self.b1[linear]
+            self._aux[key] = (self.w1[switching], self.b1[switching], self.w2[:, switching],
+                              slope, intercept)
+        return self._aux[key]
+
+
+def _fire_block(x_num, future, den, w1, b1, w2, slope, intercept):
     """FIRE's bias for a block of rows in one pass: ``[heads, rows, keys]``.
 
-    The hidden unit ``u`` is computed once per score and shared by all heads (the
-    heads are separate outputs of one loop, which the compiler fuses).
+    ``w1, b1, w2, slope, intercept`` come from :meth:`FIREBias.folded_mlp`. The hidden
+    unit ``u`` is computed once per score and shared by all heads (the heads are
+    separate outputs of one loop, which the compiler fuses).
     """
     x = x_num / den[:, None]
-    outs = [future + b2[h] for h in range(w2.shape[0])]
+    outs = [future + (x * slope[h] + intercept[h]) for h in range(w2.shape[0])]
     for u in range(w1.shape[0]):
         hidden = torch.relu(x * w1[u] + b1[u])
         outs = [out + w2[h, u] * hidden for h, out in enumerate(outs)]
@@ -407,6 +436,15 @@ TABLE_MIN_BLOCK_ROWS = 256
 SMALL_ATTENTION = 4096 * 4096
 #: At most this many bias entries (heads x rows x keys) per block for FIRE.
 FIRE_BLOCK_ENTRIES = 1 << 23
+#: Causal self-attention with an offset-only bias (float32 on the CPU, no gradients)
+#: runs in tiles of ``TILE_ROWS`` query rows: see :func:`_tiled_table_attention`.
+TILE_ROWS = 1024
+#: ... each tile's own causal triangle in strips of ``STRIP_ROWS`` rows, and up to
+#: ``TILE_GROUP_ROWS`` rows at once (a few copies of that many rows is the extra memory).
+STRIP_ROWS = 256
+TILE_GROUP_ROWS = 4096
+
+_flash_cpu = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
 
 
 def table_attention(q, k, v, bias: PreparedBias, *, causal=True, block_rows=None):
@@ -415,11 +453,19 @@ def table_attention(q, k, v, bias: PreparedBias, *, causal=True, block_rows=None
     ``q`` is ``[batch, heads, q_len, head_dim]``; the query rows run in reversed order
     so that an offset-only bias is a zero-copy view of its table (see the module
     docstring). Causal attention runs in blocks of ``block_rows`` query rows, each
-    against the keys it can see. Equal to the materialised path within float rounding.
+    against the keys it can see; long causal self-attention with an offset-only bias
+    runs in tiles instead (:func:`_tiled_table_attention`). Equal to the materialised
+    path within float rounding.
     """
     batch, heads, q_len, _ = q.shape
     k_len = k.shape[2]
     bias.check_shape(heads, q_len, k_len, bias.q_start, causal)
+    tiled = 0
+    if block_rows is None and _tiles_apply(q, k, v, bias, causal):
+        out = q.new_empty(batch, heads, q_len, v.shape[-1])
+        _tiled_table_attention(q, k, v, bias, out)
+        tiled = q_len // TILE_ROWS * TILE_ROWS
+        block_rows = STRIP_ROWS
     if block_rows is None:
         if bias.kind == "fire":
             block_rows = max(16, FIRE_BLOCK_ENTRIES // max(1, heads * k_len))
@@ -427,7 +473,8 @@ def table_attention(q, k, v, bias: PreparedBias, *, causal=True, block_rows=None
             block_rows = (max(TABLE_MIN_BLOCK_ROWS, math.ceil(q_len / TABLE_BLOCKS))
                           if causal else q_len)
     block_rows = check_int("block_rows", block_rows, minimum=1)
-    blocks = [(start, min(q_len, start + block_rows)) for start in range(0, q_len, block_rows)]
+    blocks = [(start, min(q_len, start + block_rows))
+              for start in range(tiled, q_len, block_rows)]
 
     def block(rows, start, stop):  # rows: the queries start..stop-1 in reversed order
         k_stop = min(k_len, bias.q_start + stop) if causal else k_len
@@ -436,7 +483,7 @@ def table_attention(q, k, v, bias: PreparedBias, *, causal=True, block_rows=None
             rows, k[:, :, :k_stop], v[:, :, :k_stop], attn_mask=mask
         )
 
-    if q_len * k_len <= SMALL_ATTENTION:
+    if not tiled and q_len * k_len <= SMALL_ATTENTION:
         # Few large operations (each one a parallel region): reverse q once, join the
         # blocks once, reverse the output once.
         reversed_q = q.flip(2)
@@ -446,10 +493,102 @@ def table_attention(q, k, v, bias: PreparedBias, *, causal=True, block_rows=None
         del pieces
         return joined.flip(2)
     # Long sequences: the least memory, one block of rows at a time.
-    out = q.new_empty(batch, heads, q_len, v.shape[-1])
+    if not tiled:
+        out = q.new_empty(batch, heads, q_len, v.shape[-1])
     for start, stop in blocks:
         out[:, :, start:stop] = block(q[:, :, start:stop].flip(2), start, stop).flip(2)
     return out
+
+
+def _tiles_apply(q, k, v, bias, causal) -> bool:
+    """Whether :func:`_tiled_table_attention` can compute (part of) this attention."""
+    return (causal and bias.kind == "offset" and q.device.type == "cpu"
+            and q.dtype == torch.float32 and k.dtype == v.dtype == torch.float32
+            and q.shape[-1] == v.shape[-1]
+            and bias.k_len == bias.q_start + bias.q_len and bias.q_len >= TILE_ROWS
+            and TILE_ROWS % STRIP_ROWS == 0
+            and not (torch.is_grad_enabled()
+                     and any(t.requires_grad for t in (q, k, v, bias.table))))
+
+
+def _tiled_table_attention(q, k, v, bias: OffsetTableBias, out: torch.Tensor) -> None:
+    """Causal attention of the first ``q_len // TILE_ROWS`` tiles of query rows, into ``out``.
+
+    Blocks of rows with ``-inf`` for future keys compute, and throw away, the upper
+    half of every block's diagonal square. Tiles waste no more than the kernel's own
+    causal shortcut: a tile meets the keys before it in one call (every one of them
+    visible), and its own causal triangle in strips of ``STRIP_ROWS`` rows; the
+    triangle's bias is the same in every tile, so one call runs a strip of several
+    tiles. The fused kernel returns each part's log-sum-exp, which weighs the two
+    parts: ``lerp(triangle, past, sigmoid(lse_past - lse_triangle))``. Query rows run
+    reversed within each tile (a Hankel mask), ``TILE_GROUP_ROWS`` rows at a time, in
+    buffers kept between calls.
+    """
+    batch, heads, _, dim = q.shape
+    tile, strip = TILE_ROWS, STRIP_ROWS
+    table = bias._reversed_table(True, q.dtype)  # table[:, m]: offset top - m, -inf < 0
+    top = bias.q_start + bias.q_len - 1
+
+    def view(rows, keys, column):  # rows x keys of the table, starting at column
+        return table.as_strided((1, heads, rows, keys), (0, table.stride(0), 1, 1),
+                                storage_offset=table.storage_offset() + column)
+
+    def by_tile(x):  # [batch, heads, tiles, ...] -> [batch * tiles, heads, ...]
+        return x.transpose(1, 2).flatten(0, 1)
+
+    def from_tiles(x, tiles):
+        return x.unflatten(0, (batch, tiles)).transpose(1, 2)
+
+    all_rows, group = bias.q_len // tile * tile, max(1, TILE_GROUP_ROWS // tile) * tile
+    for start in range(0, all_rows, group):
+        stop = min(all_rows, start + group)
+        tiles, first_key = (stop - start) // tile, bias.q_start + start
+        rows = torch.arange(stop - 1, start - 1, -1, device=q.device).view(tiles, tile).flip(0)
+        reversed_q = _workspace("q", (batch, heads, stop - start, dim), q)
+        torch.index_select(q, 2, rows.flatten(), out=reversed_q)
+        reversed_q = reversed_q.unflatten(2, (tiles, tile))
+        keys, values = (x[:, :, first_key:first_key + stop - start].unflatten(2, (tiles, tile))
+                        for x in (k, v))
+        group_out = _workspace("out", (batch, heads, tiles, tile, dim), q)
+        lse = q.new_empty(batch, heads, tiles, tile)
+        for s in range(tile // strip):  # strip s: rows s*strip .. (s+1)*strip-1 of a tile
+            lo, hi, width = tile - (s + 1) * strip, tile - s * strip, (s + 1) * strip
+            # reversed row r, key t (both counted in the strip): offset width - 1 - r - t
+            o, log_sum = _flash_cpu(
+                by_tile(reversed_q[:, :, :, lo:hi]), by_tile(keys[:, :, :, :width]),
+                by_tile(values[:, :, :, :width]), 0.0, False,
+                attn_mask=view(strip, width, top - width + 1))
+            group_out[:, :, :, lo:hi] = from_tiles(o, tiles)
+            lse[:, :, :, lo:hi] = from_tiles(log_sum, tiles)
+        for t in range(tiles):  # every key before tile t: offsets from 1 up, all visible
+            past = first_key + t * tile
+            if past > 0:
+                mask = view(tile, past, top - past - tile + 1)
+                o, log_sum = _flash_cpu(reversed_q[:, :, t], k[:, :, :past], v[:, :, :past],
+                                        0.0, False, attn_mask=mask)
+                group_out[:, :, t].lerp_(o, torch.sigmoid(log_sum - lse[:, :, t])[..., None])
+        out.index_copy_(2, rows.flatten(), group_out.flatten(2, 3))  # rows back in order
+
+
+_WORKSPACE = threading.local()
+#: Buffers ``_workspace`` keeps per thread (the latest shapes).
+WORKSPACE_BUFFERS = 4
+
+
+def _workspace(name: str, shape, like: torch.Tensor) -> torch.Tensor:
+    """A buffer kept between calls of this thread, for the latest few shapes.
+
+    Memory that the allocator has just returned to the system page-faults on first use;
+    keeping the tiles' two group-sized buffers saves that on every call.
+    """
+    buffers = _WORKSPACE.__dict__.setdefault("buffers", OrderedDict())
+    key = (name, tuple(shape), like.dtype, like.device)
+    if key not in buffers:
+        buffers[key] = like.new_empty(shape)
+        while len(buffers) > WORKSPACE_BUFFERS:
+            buffers.popitem(last=False)
+    buffers.move_to_end(key)
+    return buffers[key]
 
 
 # ---------------------------------------------------------------------------------

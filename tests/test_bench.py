@@ -74,3 +74,41 @@ def test_stored_reports_load_by_name():
         bench.load_report(name="../cpu")
     with pytest.raises(ValueError, match="no stored benchmark named 'gpu'"):
         bench.load_report(name="gpu")
+
+
+def _table_tiles():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "table_tiles.py"
+    spec = importlib.util.spec_from_file_location("table_tiles", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_table_tiles_script_runs_and_restores_settings(capsys):
+    """benchmarks/table_tiles.py at a tiny size: it prints every strategy and leaves
+    flex's tile sizes as they were."""
+    from relbias import flex
+
+    before = flex.TILE_ROWS, flex.STRIP_ROWS
+    code = _table_tiles().main(["--n", "40", "--tile", "16", "--strip", "8", "--rounds", "1",
+                                "--heads", "2", "--head-dim", "8", "--families", "alibi"])
+    assert code == 0
+    printed = capsys.readouterr().out
+    for name in ("floor", "alibi tiles", "alibi blocks of 256"):
+        assert name in printed
+    assert (flex.TILE_ROWS, flex.STRIP_ROWS) == before
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--tile", "100", "--strip", "30"], "multiple of --strip"),
+    (["--n", "0"], "--n must be >= 1"),
+    (["--families", "fire"], "invalid choice"),
+])
+def test_table_tiles_script_rejects_bad_arguments(argv, message, capsys):
+    with pytest.raises(SystemExit) as err:
+        _table_tiles().main(argv)
+    assert err.value.code == 2
+    assert message in capsys.readouterr().err

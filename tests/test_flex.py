@@ -7,6 +7,8 @@ FIRE its own. The strided-table backend needs no compilation and is tested more 
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 from conftest import FAMILY_KWARGS, build
@@ -100,6 +102,87 @@ def test_table_backend_blocks(block_rows, few_operations, monkeypatch):
     expected = biased_attention(q, k, v, bias, q_start=12, backend="materialize")
     got = table_attention(q, k, v, prepared, causal=True, block_rows=block_rows)
     assert_close(got, expected)
+
+
+TILE_SHAPES = [  # (q_len, q_start): whole tiles, a ragged tail, queries after a prefix
+    (48, 0), (53, 0), (32, 7), (70, 13), (16, 0),
+]
+
+
+@pytest.mark.parametrize("tile,strip", [(16, 4), (16, 16), (24, 8)])
+@pytest.mark.parametrize("q_len,q_start", TILE_SHAPES)
+@pytest.mark.parametrize("family", [name for name in FAMILIES if name != "fire"])
+def test_tiled_table_attention_matches_materialise(family, tile, strip, q_len, q_start,
+                                                   monkeypatch):
+    """Causal tiles (past keys + the tile's own triangle, joined by log-sum-exp) equal the
+    materialised path for every offset-only family, batch 2, with and without a prefix."""
+    monkeypatch.setattr(flex, "TILE_ROWS", tile)
+    monkeypatch.setattr(flex, "STRIP_ROWS", strip)
+    calls = []
+    tiled = flex._tiled_table_attention
+    monkeypatch.setattr(flex, "_tiled_table_attention",
+                        lambda *a: calls.append(1) or tiled(*a))
+    bias = family_bias(family, True)
+    q, k, v = qkv(q_len, q_start + q_len)
+    with torch.no_grad():
+        expected = biased_attention(q, k, v, bias, q_start=q_start, backend="materialize")
+        got = biased_attention(q, k, v, bias, q_start=q_start, backend="table")
+    assert calls == ([1] if q_len >= tile else [])  # shorter than a tile: blocks of rows
+    assert_close(got, expected)
+
+
+def test_tiles_only_where_they_apply(monkeypatch):
+    """FIRE, gradients, float64, bidirectional attention and keys after the last query
+    keep the blocks of rows (and still equal the materialised path)."""
+    monkeypatch.setattr(flex, "TILE_ROWS", 8)
+    monkeypatch.setattr(flex, "STRIP_ROWS", 4)
+    t5 = family_bias("t5", True)
+    q, k, v = qkv(24, 24)
+    with torch.no_grad():
+        assert flex._tiles_apply(q, k, v, prepare_bias(t5, 24), True)
+    cases = [
+        (family_bias("fire", True), q, k, v, True, "FIRE"),
+        (family_bias("t5", False), q, k, v, False, "bidirectional"),
+        (copy.deepcopy(t5).double(), q.double(), k.double(), v.double(), True, "float64"),
+        (t5, *qkv(24, 24, grad=True), True, "gradients"),
+    ]
+    for bias, q_, k_, v_, causal, why in cases:
+        with torch.set_grad_enabled(why == "gradients"):
+            prepared = prepare_bias(bias, 24)
+            assert not flex._tiles_apply(q_, k_, v_, prepared, causal), why
+            expected = biased_attention(q_, k_, v_, bias, causal=causal, backend="materialize")
+            got = biased_attention(q_, k_, v_, bias, causal=causal, backend="table")
+        assert_close(got.detach().float(), expected.detach().float())
+    q, k, v = qkv(24, 30)  # k_len > q_start + q_len
+    with torch.no_grad():
+        assert not flex._tiles_apply(q, k, v, prepare_bias(t5, 24, 30, q_start=0), True)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("seed", range(12))
+def test_folded_fire_mlp_is_the_same_function(causal, seed):
+    """Folding FIRE's hidden units that do not switch on [0, x_max] keeps f_theta: checked
+    on a dense grid of x for random weights (some units always on, off, or switching)."""
+    torch.manual_seed(seed)
+    fire = relbias.FIRE(4, hidden=16)
+    with torch.no_grad():
+        fire.hidden_layer.weight.normal_(0, 3)
+        fire.hidden_layer.bias.normal_(0, 2)
+        fire.output_layer.weight.normal_()
+    with torch.no_grad():
+        prepared = prepare_bias(fire, 50, 80, q_start=30)
+        w1, b1, w2, slope, intercept = prepared.folded_mlp(causal)
+    x_max = 1.0 if causal else float(prepared.psi_table.max() / prepared.denominator.min())
+    assert w1.shape[0] <= 16
+    x = torch.linspace(0, x_max, 2001)
+    folded = (x[:, None] * slope + intercept
+              + torch.relu(x[:, None] * w1 + b1) @ w2.T).T
+    with torch.no_grad():
+        torch.testing.assert_close(folded, prepared._mlp(x), rtol=1e-5, atol=1e-5)
+    if causal:  # every x a causal attention meets lies in [0, 1]
+        index = relbias.relative_positions(50, 80, q_start=30) + 79 - 30
+        x_met = prepared.psi_table[index] / prepared.denominator[:, None]
+        assert float(x_met[index >= 79 - 30].max()) <= 1.0
 
 
 def test_table_mask_is_a_view_of_the_table():
@@ -285,3 +368,26 @@ def test_prepared_bias_shape_is_checked():
     q, k, v = qkv(10, 10)
     with pytest.raises(ValueError, match="bidirectional"):
         biased_attention(q, k, v, prepared, causal=False)
+
+
+def test_tiles_keep_their_buffers_but_never_return_them(monkeypatch):
+    """Consecutive calls reuse the tiles' buffers (same shape), yet every call returns a
+    tensor of its own: the first result survives the second call unchanged."""
+    monkeypatch.setattr(flex, "TILE_ROWS", 16)
+    monkeypatch.setattr(flex, "STRIP_ROWS", 8)
+    monkeypatch.setattr(flex, "TILE_GROUP_ROWS", 32)  # groups of 32 and 16 rows at n = 48
+    bias = family_bias("alibi", True)
+    with torch.no_grad():
+        prepared = prepare_bias(bias, 48)
+        q, k, v = qkv(48, 48)
+        first = table_attention(q, k, v, prepared)
+        kept = first.clone()
+        buffers = dict(flex._WORKSPACE.buffers)
+        q2, k2, v2 = qkv(48, 48)
+        second = table_attention(q2, k2, v2, prepared)
+        assert len(buffers) == 4  # q and output buffers for groups of 32 and 16 rows
+        assert all(flex._WORKSPACE.buffers[key] is buf for key, buf in buffers.items())
+        assert torch.equal(first, kept)
+        for out in (first, second):
+            assert out.data_ptr() not in {b.data_ptr() for b in buffers.values()}
+    assert_close(second, biased_attention(q2, k2, v2, bias, backend="materialize").detach())
