@@ -7,8 +7,8 @@ Times, interleaved round by round, plain causal ``scaled_dot_product_attention``
 floor), ``table_attention`` with its default strategy (tiles of ``flex.TILE_ROWS`` rows
 for long float32 sequences: past keys in one call, the causal triangle in strips,
 joined by log-sum-exp) and ``table_attention(block_rows=...)`` (the blocks of rows with
-``-inf`` for future keys that tiles replace; ``--block-rows``, by default what the path
-picks for FIRE-free short sequences). ``--cold`` evicts the caches before every call, as
+``-inf`` for future keys that tiles replace; ``--block-rows``, by default
+``flex.default_block_rows``). ``--cold`` evicts the caches before every call, as
 the big materialising calls of ``python -m relbias.bench`` do; ``--churn`` allocates and
 frees half a gigabyte before every call, as those calls also do, after which memory that
 a call allocates afresh page-faults. Prints medians, each median's ratio to the floor's
@@ -18,7 +18,6 @@ and the minor page faults per call. Run it on a quiet machine: two cores are noi
 from __future__ import annotations
 
 import argparse
-import math
 import resource
 import statistics
 import time
@@ -31,8 +30,6 @@ from relbias import BIAS_NAMES, flex, make_bias
 
 def _time_calls(args) -> dict:
     """Seconds of every call, round by round, interleaved."""
-    block_rows = args.block_rows or max(flex.TABLE_MIN_BLOCK_ROWS,
-                                        math.ceil(args.n / flex.TABLE_BLOCKS))
     torch.manual_seed(0)
     q, k, v = torch.randn(3, 1, args.heads, args.n, args.head_dim).unbind(0)
     evict = torch.empty(64 << 20) if args.cold else None  # 256 MiB
@@ -40,9 +37,10 @@ def _time_calls(args) -> dict:
     with torch.no_grad():
         for family in args.families:
             prepared = flex.prepare_bias(make_bias(family, args.heads), args.n)
+            rows = args.block_rows or flex.default_block_rows(prepared)
             calls[f"{family} tiles"] = lambda p=prepared: flex.table_attention(q, k, v, p)
-            calls[f"{family} blocks of {block_rows}"] = (
-                lambda p=prepared: flex.table_attention(q, k, v, p, block_rows=block_rows))
+            calls[f"{family} blocks of {rows}"] = (
+                lambda p=prepared, rows=rows: flex.table_attention(q, k, v, p, block_rows=rows))
         seconds = {name: [] for name in calls}
         faults = {name: [] for name in calls}
         for call in calls.values():  # warm-up

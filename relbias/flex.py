@@ -60,6 +60,7 @@ __all__ = [
     "causal_block_mask",
     "clear_cache",
     "compile_stats",
+    "default_block_rows",
     "flex_attention_with_bias",
     "last_backend",
     "prepare_bias",
@@ -152,19 +153,20 @@ class PreparedBias:
         )
 
 
-def _reversed_hankel(table: torch.Tensor, q_len, start, stop, k_stop) -> torch.Tensor:
-    """Rows ``stop-1 .. start`` (reversed) and keys ``0 .. k_stop-1`` of a Toeplitz bias.
+def _reversed_hankel(table: torch.Tensor, q_len, start, stop, k_stop, k_start=0) -> torch.Tensor:
+    """Rows ``stop-1 .. start`` (reversed) and keys ``k_start .. k_stop-1`` of a Toeplitz bias.
 
     ``table`` holds offsets ``lo .. hi`` (``hi = q_start + q_len - 1``) in *reversed*
     order, ``table[:, m]`` = offset ``hi - m``. Reversed row ``r`` is query
-    ``stop - 1 - r``, so entry ``(r, j)`` has offset ``hi - (q_len - stop + r + j)``:
-    a view with strides ``(1, 1)`` into the table, no copy.
+    ``stop - 1 - r``, so entry ``(r, j)`` (key ``k_start + j``) has offset
+    ``hi - (q_len - stop + k_start + r + j)``: a view with strides ``(1, 1)`` into the
+    table, no copy.
     """
     heads = table.shape[0]
     return table.as_strided(
-        (1, heads, stop - start, k_stop),
+        (1, heads, stop - start, k_stop - k_start),
         (0, table.stride(0), 1, 1),
-        storage_offset=table.storage_offset() + q_len - stop,
+        storage_offset=table.storage_offset() + q_len - stop + k_start,
     )
 
 
@@ -460,18 +462,13 @@ def table_attention(q, k, v, bias: PreparedBias, *, causal=True, block_rows=None
     batch, heads, q_len, _ = q.shape
     k_len = k.shape[2]
     bias.check_shape(heads, q_len, k_len, bias.q_start, causal)
-    tiled = 0
+    out, tiled = None, 0
     if block_rows is None and _tiles_apply(q, k, v, bias, causal):
         out = q.new_empty(batch, heads, q_len, v.shape[-1])
-        _tiled_table_attention(q, k, v, bias, out)
-        tiled = q_len // TILE_ROWS * TILE_ROWS
-        block_rows = STRIP_ROWS
+        tiled = _tiled_table_attention(q, k, v, bias, out)
+        block_rows = STRIP_ROWS  # the rows after the last whole tile
     if block_rows is None:
-        if bias.kind == "fire":
-            block_rows = max(16, FIRE_BLOCK_ENTRIES // max(1, heads * k_len))
-        else:
-            block_rows = (max(TABLE_MIN_BLOCK_ROWS, math.ceil(q_len / TABLE_BLOCKS))
-                          if causal else q_len)
+        block_rows = default_block_rows(bias, causal)
     block_rows = check_int("block_rows", block_rows, minimum=1)
     blocks = [(start, min(q_len, start + block_rows))
               for start in range(tiled, q_len, block_rows)]
@@ -483,7 +480,7 @@ def table_attention(q, k, v, bias: PreparedBias, *, causal=True, block_rows=None
             rows, k[:, :, :k_stop], v[:, :, :k_stop], attn_mask=mask
         )
 
-    if not tiled and q_len * k_len <= SMALL_ATTENTION:
+    if out is None and q_len * k_len <= SMALL_ATTENTION:
         # Few large operations (each one a parallel region): reverse q once, join the
         # blocks once, reverse the output once.
         reversed_q = q.flip(2)
@@ -493,11 +490,20 @@ def table_attention(q, k, v, bias: PreparedBias, *, causal=True, block_rows=None
         del pieces
         return joined.flip(2)
     # Long sequences: the least memory, one block of rows at a time.
-    if not tiled:
+    if out is None:
         out = q.new_empty(batch, heads, q_len, v.shape[-1])
     for start, stop in blocks:
         out[:, :, start:stop] = block(q[:, :, start:stop].flip(2), start, stop).flip(2)
     return out
+
+
+def default_block_rows(bias: PreparedBias, causal: bool = True) -> int:
+    """The rows per block that :func:`table_attention` takes when it uses blocks."""
+    if bias.kind == "fire":
+        return max(16, FIRE_BLOCK_ENTRIES // max(1, bias.num_heads * bias.k_len))
+    if not causal:
+        return bias.q_len
+    return max(TABLE_MIN_BLOCK_ROWS, math.ceil(bias.q_len / TABLE_BLOCKS))
 
 
 def _tiles_apply(q, k, v, bias, causal) -> bool:
@@ -511,8 +517,10 @@ def _tiles_apply(q, k, v, bias, causal) -> bool:
                      and any(t.requires_grad for t in (q, k, v, bias.table))))
 
 
-def _tiled_table_attention(q, k, v, bias: OffsetTableBias, out: torch.Tensor) -> None:
+def _tiled_table_attention(q, k, v, bias: OffsetTableBias, out: torch.Tensor) -> int:
     """Causal attention of the first ``q_len // TILE_ROWS`` tiles of query rows, into ``out``.
+
+    Returns the number of rows done.
 
     Blocks of rows with ``-inf`` for future keys compute, and throw away, the upper
     half of every block's diagonal square. Tiles waste no more than the kernel's own
@@ -524,14 +532,9 @@ def _tiled_table_attention(q, k, v, bias: OffsetTableBias, out: torch.Tensor) ->
     reversed within each tile (a Hankel mask), ``TILE_GROUP_ROWS`` rows at a time, in
     buffers kept between calls.
     """
-    batch, heads, _, dim = q.shape
+    batch, heads, q_len, dim = q.shape
     tile, strip = TILE_ROWS, STRIP_ROWS
-    table = bias._reversed_table(True, q.dtype)  # table[:, m]: offset top - m, -inf < 0
-    top = bias.q_start + bias.q_len - 1
-
-    def view(rows, keys, column):  # rows x keys of the table, starting at column
-        return table.as_strided((1, heads, rows, keys), (0, table.stride(0), 1, 1),
-                                storage_offset=table.storage_offset() + column)
+    table = bias._reversed_table(True, q.dtype)  # offsets in reversed order, -inf < 0
 
     def by_tile(x):  # [batch, heads, tiles, ...] -> [batch * tiles, heads, ...]
         return x.transpose(1, 2).flatten(0, 1)
@@ -539,7 +542,7 @@ def _tiled_table_attention(q, k, v, bias: OffsetTableBias, out: torch.Tensor) ->
     def from_tiles(x, tiles):
         return x.unflatten(0, (batch, tiles)).transpose(1, 2)
 
-    all_rows, group = bias.q_len // tile * tile, max(1, TILE_GROUP_ROWS // tile) * tile
+    all_rows, group = q_len // tile * tile, max(1, TILE_GROUP_ROWS // tile) * tile
     for start in range(0, all_rows, group):
         stop = min(all_rows, start + group)
         tiles, first_key = (stop - start) // tile, bias.q_start + start
@@ -553,21 +556,24 @@ def _tiled_table_attention(q, k, v, bias: OffsetTableBias, out: torch.Tensor) ->
         lse = q.new_empty(batch, heads, tiles, tile)
         for s in range(tile // strip):  # strip s: rows s*strip .. (s+1)*strip-1 of a tile
             lo, hi, width = tile - (s + 1) * strip, tile - s * strip, (s + 1) * strip
-            # reversed row r, key t (both counted in the strip): offset width - 1 - r - t
+            # the mask of the group's first tile, the same in every tile
+            mask = _reversed_hankel(table, q_len, start + s * strip, start + (s + 1) * strip,
+                                    first_key + width, k_start=first_key)
             o, log_sum = _flash_cpu(
                 by_tile(reversed_q[:, :, :, lo:hi]), by_tile(keys[:, :, :, :width]),
-                by_tile(values[:, :, :, :width]), 0.0, False,
-                attn_mask=view(strip, width, top - width + 1))
+                by_tile(values[:, :, :, :width]), 0.0, False, attn_mask=mask)
             group_out[:, :, :, lo:hi] = from_tiles(o, tiles)
             lse[:, :, :, lo:hi] = from_tiles(log_sum, tiles)
         for t in range(tiles):  # every key before tile t: offsets from 1 up, all visible
             past = first_key + t * tile
             if past > 0:
-                mask = view(tile, past, top - past - tile + 1)
+                mask = _reversed_hankel(table, q_len, start + t * tile, start + (t + 1) * tile,
+                                        past)
                 o, log_sum = _flash_cpu(reversed_q[:, :, t], k[:, :, :past], v[:, :, :past],
                                         0.0, False, attn_mask=mask)
                 group_out[:, :, t].lerp_(o, torch.sigmoid(log_sum - lse[:, :, t])[..., None])
         out.index_copy_(2, rows.flatten(), group_out.flatten(2, 3))  # rows back in order
+    return all_rows
 
 
 _WORKSPACE = threading.local()
