@@ -4,6 +4,7 @@ The executable companion to §2.3.5 of *Foundations of Large Language Models*
 (Xiao & Zhu). Offsets are ``i - j`` (query minus key), positions are 0-based.
 """
 
+from . import flex, fused  # noqa: F401 (the fast backends, as relbias.flex and relbias.fused)
 from .alibi import ALiBi, alibi_slopes
 from .attention import biased_attention
 from .base import RelativeBias

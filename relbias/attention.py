@@ -7,6 +7,7 @@ import math
 import torch
 from torch.nn import functional as F
 
+from . import fused
 from ._checks import check_lengths
 from .base import RelativeBias
 from .flex import (
@@ -77,14 +78,15 @@ def _bias_tensor(bias, q, k, q_start: int, causal: bool) -> torch.Tensor | None:
     return bias
 
 
-BACKENDS = ("auto", "materialize", "table", "flex")
+BACKENDS = ("auto", "materialize", "table", "flex", "fused")
 
-#: What ``backend="auto"`` takes on the CPU when no gradient is needed, per kind of
-#: bias ("offset": families that depend on i - j alone; "fire": FIRE). Measured on a
-#: 2-core CPU (benchmarks/results/cpu.json): the strided-table path runs near the speed
-#: of bias-free attention; FlexAttention's CPU kernel (forward only) is about 3x slower
-#: than bias-free attention even with no bias, and FIRE's per-score MLP slows it further.
-CPU_INFERENCE_BACKEND = {"offset": "table", "fire": "table"}
+#: What ``backend="auto"`` takes on the CPU when no gradient is needed, in order of
+#: preference: the first that can compute the attention. Measured on a 2-core CPU
+#: (benchmarks/results/cpu.json): the fused kernel (:mod:`relbias.fused`, float32, where
+#: a C++ compiler could build it) runs nearest the speed of bias-free attention, the
+#: strided-table path next; FlexAttention's CPU kernel (forward only) is about 3x
+#: slower than bias-free attention even with no bias.
+CPU_INFERENCE_BACKENDS = ("fused", "table")
 
 
 def _needs_grad(q, k, v, bias) -> bool:
@@ -114,12 +116,12 @@ def _choose_backend(backend, q, k, v, bias, return_weights) -> str:
                 f"backend={backend!r} needs a relbias.RelativeBias (or prepared bias), "
                 "not a dense tensor; a dense bias only works with backend='materialize'"
             )
-        if backend == "table" and bias is None:
-            raise ValueError("backend='table' needs a bias; use 'materialize' or 'flex'")
-        if backend == "table" and isinstance(bias, RelativeBias) and not (
+        if backend in ("table", "fused") and bias is None:
+            raise ValueError(f"backend={backend!r} needs a bias; use 'materialize' or 'flex'")
+        if backend in ("table", "fused") and isinstance(bias, RelativeBias) and not (
             bias.offset_only or _is_fire(bias)
         ):
-            raise ValueError(f"backend='table' does not support {type(bias).__name__}")
+            raise ValueError(f"backend={backend!r} does not support {type(bias).__name__}")
         return backend
     if return_weights or not structured or q.dtype not in FLEX_DTYPES:
         return "materialize"
@@ -129,10 +131,10 @@ def _choose_backend(backend, q, k, v, bias, return_weights) -> str:
         return "flex"
     if q.device.type != "cpu" or _needs_grad(q, k, v, bias):
         return "materialize"
-    kind = bias.kind if isinstance(bias, PreparedBias) else (
-        "offset" if bias.offset_only else "fire"
-    )
-    return CPU_INFERENCE_BACKEND[kind]
+    for name in CPU_INFERENCE_BACKENDS:
+        if name != "fused" or (q.dtype == torch.float32 and fused.available()):
+            return name
+    return "materialize"
 
 
 def _is_fire(bias) -> bool:
@@ -184,9 +186,12 @@ def biased_attention(
     ``"materialize"`` builds the ``[heads, q_len, k_len]`` bias; ``"table"`` reads an
     offset-only bias from its O(n) table through a strided view (FIRE: block by
     block), with no ``q_len x k_len`` tensor; ``"flex"`` computes it inside a compiled
-    FlexAttention kernel. ``"auto"`` (default) takes FlexAttention on a GPU; on the CPU
-    it takes :data:`CPU_INFERENCE_BACKEND` when no gradient is needed (FlexAttention has
-    no CPU backward) and ``"materialize"`` otherwise; a dense tensor bias, a float64
+    FlexAttention kernel; ``"fused"`` inside relbias's own C++ CPU kernel
+    (:mod:`relbias.fused`, float32, forward only). ``"auto"`` (default) takes
+    FlexAttention on a GPU; on the CPU it takes the first of
+    :data:`CPU_INFERENCE_BACKENDS` that can run when no gradient is needed
+    (FlexAttention and the fused kernel have no CPU backward) and ``"materialize"``
+    otherwise; a dense tensor bias, a float64
     input and ``return_weights=True`` always materialise. All backends give the same
     values within float rounding.
 
@@ -225,10 +230,12 @@ def biased_attention(
             return finish(out, q.new_zeros(batch, heads, q_len, k_len))
         return finish(out)
 
-    if chosen in ("table", "flex"):
+    if chosen in ("table", "flex", "fused"):
         prepared = None if bias is None else prepare_bias(bias, q_len, k_len, q_start=q_start)
         if chosen == "table":
             return finish(table_attention(q, k, v, prepared, causal=causal))
+        if chosen == "fused":
+            return finish(fused.fused_attention(q, k, v, prepared, causal=causal))
         return finish(flex_attention_with_bias(q, k, v, prepared, causal=causal,
                                                q_start=q_start))
 

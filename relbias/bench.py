@@ -5,8 +5,8 @@ and every length n: the forward time (and, for n <= ``--backward-max``, forward 
 backward) and the peak memory of
 
 * ``sdpa``: plain causal ``scaled_dot_product_attention`` with no bias (the floor);
-* ``materialize``, ``table``, ``flex``: :func:`relbias.biased_attention` with that
-  backend (see :mod:`relbias.flex`);
+* ``materialize``, ``table``, ``flex``, ``fused``: :func:`relbias.biased_attention`
+  with that backend (see :mod:`relbias.flex` and :mod:`relbias.fused`);
 * ``xt``: x-transformers' ``RelativePositionBias`` (T5) and ``AlibiPositionalBias``
   (ALiBi), applied with its ``Attend`` module (its default, non-flash path);
 * ``hf_t5``: HuggingFace's ``T5Attention.compute_bias``, added with the causal mask
@@ -36,11 +36,13 @@ from pathlib import Path
 import torch
 from torch.nn import functional as F
 
-from . import flex
+from . import flex, fused
 from .attention import biased_attention
 from .registry import BIAS_NAMES, make_bias
 
-OUR_METHODS = ("materialize", "table", "flex")
+OUR_METHODS = ("materialize", "table", "flex", "fused")
+#: Our methods that never form a [H, n, n] tensor, fastest expected first.
+FAST_METHODS = ("fused", "table", "flex")
 ALL_METHODS = ("sdpa", *OUR_METHODS, "xt", "hf_t5")
 REFERENCES = {"xt": ("t5", "alibi"), "hf_t5": ("t5",)}
 #: Dense methods hold about this many [heads, n, n] float tensors at once (forward).
@@ -60,6 +62,11 @@ METHOD_NOTES = {
     "term) per block of rows with a compiled fused kernel",
     "flex": "relbias.biased_attention(backend='flex'): compiled FlexAttention, score_mod "
     "reads the O(n) table (FIRE: computes its MLP per score), causal block mask",
+    "fused": "relbias.biased_attention(backend='fused'): relbias's C++ CPU kernel "
+    "(relbias/csrc/fused_attention.cpp; forward only, float32): blocks of 128 query rows x "
+    "512 keys, scores by oneDNN's brgemm, the bias added in place (offset-only: a run of the "
+    "reversed O(n) table; FIRE: its folded MLP per score), online softmax, no block above "
+    "the causal diagonal",
     "xt": "x-transformers RelativePositionBias / AlibiPositionalBias -> [H, n, n] bias, "
     "applied by x_transformers.attend.Attend(causal=True) (its default einsum path)",
     "hf_t5": "transformers T5Attention(is_decoder=True).compute_bias -> [1, H, n, n] bias, "
@@ -167,6 +174,10 @@ def _applicable(method: str, family: str, n: int, heads: int, max_dense_gib: flo
         return "no reference implementation of this family"
     if backward and method == "flex" and not torch.cuda.is_available():
         return "FlexAttention has no backward on the CPU"
+    if backward and method == "fused":
+        return "the fused kernel runs forward only"
+    if method == "fused" and not fused.available():
+        return f"the fused kernel could not be built: {fused.unavailable_reason()}"
     copies = DENSE_COPIES.get(method)
     if copies and family == "fire":
         copies += 32 / heads  # FIRE's MLP holds its hidden layer (32 units) for every score
@@ -469,7 +480,7 @@ def _index(report, pass_):
 
 def _best_ours(rows, family, n):
     """Our fastest non-materialising backend at (family, n): (method, row)."""
-    found = [(m, rows.get((family, n, m))) for m in ("table", "flex")]
+    found = [(m, rows.get((family, n, m))) for m in FAST_METHODS]
     found = [(m, r) for m, r in found if r and r.get("seconds_median")]
     return min(found, key=lambda mr: mr[1]["seconds_median"], default=(None, None))
 
@@ -501,13 +512,14 @@ def evaluate_goals(report) -> dict:
                 ),
                 "table_ratio_to_floor": fwd.get((family, n, "table"), {}).get("ratio_to_floor"),
                 "flex_ratio_to_floor": fwd.get((family, n, "flex"), {}).get("ratio_to_floor"),
+                "fused_ratio_to_floor": fwd.get((family, n, "fused"), {}).get("ratio_to_floor"),
             }
         goals[f"forward_n{n}"] = speed
     mem_n = max((k[1] for k in mem), default=None)
     if mem_n is not None:
         memory = {}
         for family in families:
-            for method in ("table", "flex"):
+            for method in FAST_METHODS:
                 r = mem.get((family, mem_n, method))
                 if r and "ratio_to_floor" in r:
                     memory.setdefault(family, {})[method] = {
@@ -602,12 +614,13 @@ METHOD_STYLE = {
     "materialize": ("materialise", "tab:red", "-"),
     "table": ("O(n) table (strided)", "tab:green", "-"),
     "flex": ("FlexAttention", "tab:blue", "-"),
+    "fused": ("fused C++ kernel", "tab:cyan", "-"),
     "xt": ("x-transformers", "tab:orange", "--"),
     "hf_t5": ("HF T5 compute_bias", "tab:purple", "--"),
 }
 
 
-def compare(n: int, families, methods=("materialize", "table", "xt", "hf_t5"), *,
+def compare(n: int, families, methods=("materialize", "table", "fused", "xt", "hf_t5"), *,
             repeats: int = 3, heads: int = 8, head_dim: int = 64, seed: int = 0) -> dict:
     """Time the forward pass of ``methods`` for ``families`` at one length n.
 
@@ -694,13 +707,17 @@ def summary(report) -> dict:
                            None),
         "table": span(fwd[f].get("table_ratio_to_floor") for f in offset_only),
         "flex": span(fwd[f]["flex_ratio_to_floor"] for f in offset_only),
+        "fused": span(fwd[f].get("fused_ratio_to_floor") for f in offset_only),
         "fire": fwd.get("fire", {}).get("table_ratio_to_floor", math.nan),
         "fire_flex": fwd.get("fire", {}).get("flex_ratio_to_floor", math.nan),
+        "fire_fused": fwd.get("fire", {}).get("fused_ratio_to_floor") or math.nan,
         "vs_references": span(v for f in fwd.values()
                               for v in f["speedup_vs_references"].values()),
         "vs_materialize": span(f["speedup_vs_materialize"] for f in fwd.values()),
         "memory_table": span(m["table"]["ratio_to_floor"] for m in mem.values() if "table" in m),
         "memory_flex": span(m["flex"]["ratio_to_floor"] for m in mem.values() if "flex" in m),
+        "memory_fused": span(m["fused"]["ratio_to_floor"] for m in mem.values()
+                             if "fused" in m),
         "backward_vs_xt": {f: g["speedup_vs_xt"] for f, g in bwd.items()
                            if g.get("speedup_vs_xt")},
         "backward_floor": span(g["ratio_to_floor"] for g in bwd.values()),

@@ -1,7 +1,7 @@
 r"""Fast ways to apply a relative bias: O(n) tables, strided views and FlexAttention.
 
 :func:`relbias.biased_attention` can add a bias :math:`\mathrm{PE}(i, j)` to the
-attention scores in three ways (its ``backend`` argument):
+attention scores in four ways (its ``backend`` argument):
 
 ``"materialize"``
     Build the bias ``[heads, q_len, k_len]`` (what every family's ``forward``
@@ -31,6 +31,11 @@ attention scores in three ways (its ``backend`` argument):
     blocks above the diagonal are skipped. The kernel is compiled once per shape
     (:func:`compile_stats` counts compilations and their time); on the CPU it runs
     forward only (PyTorch has no CPU backward for FlexAttention).
+
+``"fused"``
+    relbias's own C++ CPU kernel (:mod:`relbias.fused`): the bias added to each block of
+    scores inside a flash-style loop, from the same O(n) ingredients (float32, forward
+    only, built on first use).
 
 :func:`prepare_bias` turns a :class:`~relbias.RelativeBias` into the O(n)
 ingredients of one attention shape. Pass the result to ``biased_attention`` in
@@ -92,6 +97,7 @@ class PreparedBias:
         self.q_len, self.k_len, self.q_start = q_len, k_len, q_start
         self.bidirectional = bidirectional
         self._dense = None
+        self._backend_inputs = {}  # per backend: what it derived from this bias, kept
 
     # -- interface of the subclasses --------------------------------------------------
     def _tensors(self) -> tuple[torch.Tensor, ...]:

@@ -31,8 +31,9 @@ The bias reaches attention prepared (:func:`relbias.flex.prepare_bias`): each fo
 computes a module's O(n) table (FIRE: its O(n) ingredients) once and hands it to the
 layers that share it. :func:`relbias.biased_attention` then picks the backend: in
 training it materialises the bias from that table (gradients reach the parameters),
-and in evaluation on a CPU (no gradients) it reads the table through a strided view,
-with no ``len x len`` tensor per head, so 16x-length evaluations stay cheap.
+and in evaluation on a CPU (no gradients) it adds the bias inside relbias's fused
+kernel (:mod:`relbias.fused`; the strided-table path where that kernel cannot be
+built), with no ``len x len`` tensor per head, so 16x-length evaluations stay cheap.
 ``attention_backend`` (an attribute, changeable after training) overrides the choice.
 On CUDA, ``"auto"`` materialises: FlexAttention training on a GPU is not yet verified
 by this project (no GPU was available to it); set ``"flex"`` to try it.
@@ -215,8 +216,8 @@ class TinyLM(nn.Module):
         factor (``rope_scale`` can be changed after training).
     attention_backend:
         ``backend`` of :func:`relbias.biased_attention` for every layer: ``"auto"``
-        (default; see the module docstring), ``"materialize"``, ``"table"`` or
-        ``"flex"``. Can be changed after training.
+        (default; see the module docstring), ``"materialize"``, ``"table"``,
+        ``"flex"`` or ``"fused"``. Can be changed after training.
 
     ``forward(idx)`` takes byte ids ``[batch, len]`` and returns logits
     ``[batch, len, vocab_size]``. Input and output embeddings are tied.

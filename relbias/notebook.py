@@ -209,6 +209,37 @@ def show_source(obj, *, docstring: bool = True, display: bool = True):
     return None
 
 
+def show_cpp(name: str, *, display: bool = True):
+    """Show the real source of one definition in the fused kernel's C++ file.
+
+    ``name`` is a function or struct of ``relbias/csrc/fused_attention.cpp`` (a
+    ``template`` line just above it is included); the definition runs to its closing
+    brace. Displays Markdown like :func:`show_source`.
+    """
+    from .fused import SOURCE
+
+    lines = SOURCE.read_text().splitlines()
+    pattern = re.compile(rf"^(struct|[\w:<>]+(\s[\w:<>*&]+)*)\s+{re.escape(name)}\s*[({{]")
+    start = next((i for i, line in enumerate(lines) if pattern.match(line)), None)
+    if start is None:
+        raise ValueError(f"no definition named {name!r} in {SOURCE.name}")
+    if start and lines[start - 1].startswith("template"):
+        start -= 1
+    depth, stop = 0, None
+    for i in range(start, len(lines)):
+        depth += lines[i].count("{") - lines[i].count("}")
+        if "{" in "".join(lines[start:i + 1]) and depth == 0:
+            stop = i + 1
+            break
+    source = "\n".join(lines[start:stop])
+    header = f"`{name}`, from `relbias/csrc/{SOURCE.name}`:"
+    shown = _Markdown(f"{header}\n\n{_fence(source, 'cpp')}\n", f"{header}\n\n{source}")
+    if not display:
+        return shown
+    _display(shown)
+    return None
+
+
 def _display(obj) -> None:
     from IPython.display import display
 

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Reproducible set-up for relbias: a virtual environment at .venv with every
 # Python package pinned by constraints.txt, MathJax 3 (npm) for the offline
-# book, Debian's Chromium for the browser test, and a Jupyter kernel named
-# "python3" that runs the venv's interpreter.
+# book, Debian's Chromium for the browser test, a C++ compiler for relbias's
+# fused kernel, and a Jupyter kernel named "python3" that runs the venv's interpreter.
 #
 # Idempotent and safe to rerun: the pip step is skipped while the stamp
 # .venv/.relbias-setup-complete matches the current constraints.txt and
@@ -115,6 +115,20 @@ elif [[ "$(id -u)" == "0" && "${RELBIAS_SKIP_APT:-0}" != "1" ]] && command -v ap
 else
     warn "/usr/bin/chromium is missing and cannot be installed here (not root or no apt-get)."
     warn "Install it (e.g. 'sudo apt-get install chromium'); the browser test will fail without it."
+fi
+
+# --- 6. a C++ compiler for relbias.fused (its kernel is built on first use) --------
+if command -v c++ >/dev/null 2>&1; then
+    log "C++ compiler present: $(command -v c++)"
+elif [[ "$(id -u)" == "0" && "${RELBIAS_SKIP_APT:-0}" != "1" ]] && command -v apt-get >/dev/null 2>&1; then
+    log "installing Debian's g++ with apt-get"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq --no-install-recommends g++ >/dev/null
+else
+    warn "no C++ compiler (c++) and none can be installed here (not root or no apt-get)."
+    warn "Install one (e.g. 'sudo apt-get install g++'): without it backend='fused' is"
+    warn "unavailable, backend='auto' takes the slower table path and tests/test_fused.py fails."
 fi
 
 # --- done ----------------------------------------------------------------------

@@ -361,6 +361,27 @@ def test_show_source_shows_the_real_source():
     assert decorated.startswith("`relbias.kerple._Kerple.project_`, from `relbias/kerple.py`")
 
 
+@pytest.mark.parametrize("name,first,last", [
+    ("OffsetBias", "struct OffsetBias {", "};"),
+    ("attend_block", "template <typename Bias>", "}"),
+    ("max_of", "inline float max_of(const float* s, int64_t n) {", "}"),
+])
+def test_show_cpp_shows_one_whole_definition(name, first, last):
+    """The C++ shown in the book is a whole definition cut from the kernel's real source."""
+    from relbias import fused
+    from relbias import notebook as nb
+
+    shown = nb.show_cpp(name, display=False)
+    code = shown.plain.split("\n\n", 1)[1]
+    lines = code.splitlines()
+    assert lines[0] == first and lines[-1] == last
+    assert code in fused.SOURCE.read_text()
+    assert code.count("{") == code.count("}")
+    assert "```cpp" in shown._repr_mimebundle_()["text/markdown"]
+    with pytest.raises(ValueError, match="no definition named 'nothing'"):
+        nb.show_cpp("nothing")
+
+
 @pytest.mark.parametrize("text", ["20, 80, 320, 1280", "2.00, 1.68", "1.0", "7", "2^-8",
                                   "alibi, t5", "[1, 2]", "'quoted'", "None"])
 def test_glued_text_is_pasted_unchanged(text):
