@@ -63,10 +63,10 @@ METHOD_NOTES = {
     "flex": "relbias.biased_attention(backend='flex'): compiled FlexAttention, score_mod "
     "reads the O(n) table (FIRE: computes its MLP per score), causal block mask",
     "fused": "relbias.biased_attention(backend='fused'): relbias's C++ CPU kernel "
-    "(relbias/csrc/fused_attention.cpp; forward only, float32): blocks of 128 query rows x "
-    "512 keys, scores by oneDNN's brgemm, the bias added in place (offset-only: a run of the "
-    "reversed O(n) table; FIRE: its folded MLP per score), online softmax, no block above "
-    "the causal diagonal",
+    f"(relbias/csrc/fused_attention.cpp; forward only, float32): blocks of {fused.Q_BLOCK} "
+    f"query rows x {fused.KV_BLOCK} keys, scores by oneDNN's brgemm, the bias added in place "
+    "(offset-only: a run of the reversed O(n) table; FIRE: its folded MLP per score), online "
+    "softmax, no block above the causal diagonal",
     "xt": "x-transformers RelativePositionBias / AlibiPositionalBias -> [H, n, n] bias, "
     "applied by x_transformers.attend.Attend(causal=True) (its default einsum path)",
     "hf_t5": "transformers T5Attention(is_decoder=True).compute_bias -> [1, H, n, n] bias, "

@@ -153,11 +153,6 @@ def _why_not(q, k, v, bias) -> str | None:
     return None
 
 
-def applies(q, k, v, bias) -> bool:
-    """Whether ``backend="fused"`` can compute this attention (and the kernel is built)."""
-    return _why_not(q, k, v, bias) is None and available()
-
-
 def _kernel_inputs(bias: PreparedBias, causal: bool) -> tuple:
     """The bias's O(n) tensors as the kernel reads them, cached on the prepared bias."""
     key = ("fused", causal)
