@@ -26,8 +26,13 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", default="quick", help="named configuration")
     parser.add_argument("--factor", type=int, default=16, help="evaluation length / train_len")
-    parser.add_argument("--methods", nargs="+", default=list(BIAS_POSITIONS),
-                        choices=BIAS_POSITIONS, metavar="METHOD")
+    parser.add_argument(
+        "--methods",
+        nargs="+",
+        default=list(BIAS_POSITIONS),
+        choices=BIAS_POSITIONS,
+        metavar="METHOD",
+    )
     args = parser.parse_args(argv)
     if args.factor < 1:
         parser.error(f"--factor must be >= 1, got {args.factor}")
@@ -35,8 +40,10 @@ def main(argv=None) -> int:
     corpus = load_corpus(max_bytes=cfg.corpus_bytes)
     length = args.factor * cfg.train_len
     print(f"evaluate_lengths at {args.factor}x = {length} tokens, config {cfg.name}")
-    print(f"{'method':14s} {'auto took':>9s} {'materialize_s':>13s} {'auto_s':>8s} "
-          f"{'speed-up':>8s} {'|d bpb|':>8s}")
+    print(
+        f"{'method':14s} {'auto took':>9s} {'materialize_s':>13s} {'auto_s':>8s} "
+        f"{'speed-up':>8s} {'|d bpb|':>8s}"
+    )
     for method in args.methods:
         model = build_model(method, cfg).eval()
         seconds, bpb = {}, {}
@@ -47,9 +54,11 @@ def main(argv=None) -> int:
             rows = evaluate_lengths(model, corpus.val, cfg, factors=(args.factor,))
             seconds[backend], bpb[backend] = time.perf_counter() - start, rows[0]["bpb"]
         took = last_backend()
-        print(f"{method:14s} {took:>9s} {seconds['materialize']:13.2f} {seconds['auto']:8.2f} "
-              f"{seconds['materialize'] / seconds['auto']:7.2f}x "
-              f"{abs(bpb['auto'] - bpb['materialize']):8.1e}")
+        print(
+            f"{method:14s} {took:>9s} {seconds['materialize']:13.2f} {seconds['auto']:8.2f} "
+            f"{seconds['materialize'] / seconds['auto']:7.2f}x "
+            f"{abs(bpb['auto'] - bpb['materialize']):8.1e}"
+        )
     return 0
 
 

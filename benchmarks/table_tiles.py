@@ -39,8 +39,9 @@ def _time_calls(args) -> dict:
             prepared = flex.prepare_bias(make_bias(family, args.heads), args.n)
             rows = args.block_rows or flex.default_block_rows(prepared)
             calls[f"{family} tiles"] = lambda p=prepared: flex.table_attention(q, k, v, p)
-            calls[f"{family} blocks of {rows}"] = (
-                lambda p=prepared, rows=rows: flex.table_attention(q, k, v, p, block_rows=rows))
+            calls[f"{family} blocks of {rows}"] = lambda p=prepared, rows=rows: (
+                flex.table_attention(q, k, v, p, block_rows=rows)
+            )
         seconds = {name: [] for name in calls}
         faults = {name: [] for name in calls}
         for call in calls.values():  # warm-up
@@ -63,18 +64,24 @@ def _time_calls(args) -> dict:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n", type=int, default=4096, help="sequence length")
-    parser.add_argument("--families", nargs="+", default=["t5", "alibi"],
-                        choices=[name for name in BIAS_NAMES if name != "fire"])
+    parser.add_argument(
+        "--families",
+        nargs="+",
+        default=["t5", "alibi"],
+        choices=[name for name in BIAS_NAMES if name != "fire"],
+    )
     parser.add_argument("--rounds", type=int, default=12, help="timed rounds")
     parser.add_argument("--tile", type=int, default=flex.TILE_ROWS, help="flex.TILE_ROWS")
     parser.add_argument("--strip", type=int, default=flex.STRIP_ROWS, help="flex.STRIP_ROWS")
-    parser.add_argument("--block-rows", type=int, default=None,
-                        help="rows per block of the block strategy")
+    parser.add_argument(
+        "--block-rows", type=int, default=None, help="rows per block of the block strategy"
+    )
     parser.add_argument("--heads", type=int, default=8)
     parser.add_argument("--head-dim", type=int, default=64)
     parser.add_argument("--cold", action="store_true", help="evict caches before each call")
-    parser.add_argument("--churn", action="store_true",
-                        help="allocate and free 512 MiB before each call")
+    parser.add_argument(
+        "--churn", action="store_true", help="allocate and free 512 MiB before each call"
+    )
     args = parser.parse_args(argv)
     for name in ("n", "rounds", "tile", "strip", "heads", "head_dim"):
         if getattr(args, name) < 1:
@@ -90,13 +97,17 @@ def main(argv=None) -> int:
         flex.TILE_ROWS, flex.STRIP_ROWS = saved
         torch.set_flush_denormal(False)  # PyTorch's default; there is no getter
     floor = statistics.median(seconds["floor"])
-    print(f"n = {args.n}, {args.heads} heads of {args.head_dim}, tile {args.tile}, "
-          f"strip {args.strip}, {args.rounds} rounds, {torch.get_num_threads()} threads"
-          f"{', cold caches' if args.cold else ''}{', 512 MiB churn' if args.churn else ''}")
+    print(
+        f"n = {args.n}, {args.heads} heads of {args.head_dim}, tile {args.tile}, "
+        f"strip {args.strip}, {args.rounds} rounds, {torch.get_num_threads()} threads"
+        f"{', cold caches' if args.cold else ''}{', 512 MiB churn' if args.churn else ''}"
+    )
     for name, samples in seconds.items():
         median = statistics.median(samples)
-        print(f"  {name:28s} {median * 1e3:8.1f} ms  {median / floor:6.3f}x the floor  "
-              f"{statistics.median(faults[name]):7.0f} page faults")
+        print(
+            f"  {name:28s} {median * 1e3:8.1f} ms  {median / floor:6.3f}x the floor  "
+            f"{statistics.median(faults[name]):7.0f} page faults"
+        )
     return 0
 
 

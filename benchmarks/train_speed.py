@@ -60,13 +60,16 @@ def main(argv=None) -> int:
         parser.error("--steps must be > 0")
     device = pick_device(args.device, verbose=False)
     corpus = load_corpus(max_bytes=config.corpus_bytes)
-    print(f"config {config.name}: {steps} steps of {config.batch_size}x{config.train_len} "
-          f"tokens, device {device_name(device)}")
+    print(
+        f"config {config.name}: {steps} steps of {config.batch_size}x{config.train_len} "
+        f"tokens, device {device_name(device)}"
+    )
     print(f"{'method':13s} {'train_s':>8s} {'tokens/s':>9s} {'eval_s':>7s}")
     total_train = total_eval = 0.0
     for method in methods:
-        train_s, tps, eval_s = time_method(method, config, corpus, device, steps=steps,
-                                           evaluate=not args.no_eval)
+        train_s, tps, eval_s = time_method(
+            method, config, corpus, device, steps=steps, evaluate=not args.no_eval
+        )
         total_train, total_eval = total_train + train_s, total_eval + eval_s
         print(f"{method:13s} {train_s:8.1f} {tps:9.0f} {eval_s:7.1f}", flush=True)
     print(f"{'total':13s} {total_train:8.1f} {'':9s} {total_eval:7.1f}")

@@ -52,6 +52,7 @@ def __getattr__(name: str):
         return getattr(experiments, name)
     raise AttributeError(f"module 'relbias' has no attribute {name!r}")
 
+
 __all__ = [
     "POSITION_NAMES",
     "Config",

@@ -118,8 +118,10 @@ def _choose_backend(backend, q, k, v, bias, return_weights) -> str:
             )
         if backend in ("table", "fused") and bias is None:
             raise ValueError(f"backend={backend!r} needs a bias; use 'materialize' or 'flex'")
-        if backend in ("table", "fused") and isinstance(bias, RelativeBias) and not (
-            bias.offset_only or _is_fire(bias)
+        if (
+            backend in ("table", "fused")
+            and isinstance(bias, RelativeBias)
+            and not (bias.offset_only or _is_fire(bias))
         ):
             raise ValueError(f"backend={backend!r} does not support {type(bias).__name__}")
         return backend
@@ -162,8 +164,16 @@ def _dense_mask(additive, q, q_len, k_len, q_start, causal):
 
 
 def biased_attention(
-    q, k, v, bias=None, *, causal=True, return_weights=False, q_start=None,
-    backend="auto", return_backend=False,
+    q,
+    k,
+    v,
+    bias=None,
+    *,
+    causal=True,
+    return_weights=False,
+    q_start=None,
+    backend="auto",
+    return_backend=False,
 ):
     r"""Softmax attention with an additive bias: the book's Eqs. 2.75-2.77.
 
@@ -236,8 +246,7 @@ def biased_attention(
             return finish(table_attention(q, k, v, prepared, causal=causal))
         if chosen == "fused":
             return finish(fused.fused_attention(q, k, v, prepared, causal=causal))
-        return finish(flex_attention_with_bias(q, k, v, prepared, causal=causal,
-                                               q_start=q_start))
+        return finish(flex_attention_with_bias(q, k, v, prepared, causal=causal, q_start=q_start))
 
     additive = _bias_tensor(bias, q, k, q_start, causal)
     if return_weights:

@@ -119,8 +119,13 @@ def _reference(method: str, family: str, module, heads: int):
 
         attend = Attend(causal=True)
         if family == "t5":
-            rel = RelativePositionBias(scale=1.0, causal=True, num_buckets=module.num_buckets,
-                                       max_distance=module.max_distance, heads=heads)
+            rel = RelativePositionBias(
+                scale=1.0,
+                causal=True,
+                num_buckets=module.num_buckets,
+                max_distance=module.max_distance,
+                heads=heads,
+            )
             with torch.no_grad():
                 rel.relative_attention_bias.weight.copy_(module.weight.detach().T)
         else:
@@ -137,7 +142,10 @@ def _reference(method: str, family: str, module, heads: int):
         from transformers.models.t5.modeling_t5 import T5Attention
 
         config = T5Config(
-            d_model=heads * 64, d_kv=64, num_heads=heads, is_decoder=True,
+            d_model=heads * 64,
+            d_kv=64,
+            num_heads=heads,
+            is_decoder=True,
             relative_attention_num_buckets=module.num_buckets,
             relative_attention_max_distance=module.max_distance,
         )
@@ -167,8 +175,9 @@ def _runner(method: str, family: str | None, module, heads: int):
     return _reference(method, family, module, heads)
 
 
-def _applicable(method: str, family: str, n: int, heads: int, max_dense_gib: float,
-                backward: bool) -> str | None:
+def _applicable(
+    method: str, family: str, n: int, heads: int, max_dense_gib: float, backward: bool
+) -> str | None:
     """None when the method runs for this family and n, else why not."""
     if method in REFERENCES and family not in REFERENCES[method]:
         return "no reference implementation of this family"
@@ -260,8 +269,10 @@ def _time_family(n, family, methods, args, backward, floor_samples, log):
         e["seconds_median"] = statistics.median(e["wall"])
         e["cpu_seconds_min"] = min(e["cpu"])
         e["compile_seconds"] = max(0.0, e["first_call_seconds"] - e["seconds_median"])
-        log(f"  {'fwd+bwd' if backward else 'fwd'} n={n} {family:12s} {method:11s} "
-            f"{e['seconds_median'] * 1e3:9.1f} ms")
+        log(
+            f"  {'fwd+bwd' if backward else 'fwd'} n={n} {family:12s} {method:11s} "
+            f"{e['seconds_median'] * 1e3:9.1f} ms"
+        )
     return entries
 
 
@@ -326,21 +337,24 @@ def _memory_worker(spec: dict) -> list[dict]:
 
 def _measure_memory(n, jobs, args, log) -> list[dict]:
     spec = {
-        "n": n, "heads": args.heads, "head_dim": args.head_dim, "dtype": args.dtype,
-        "seed": args.seed, "threads": args.threads, "flush_denormal": args.flush_denormal,
+        "n": n,
+        "heads": args.heads,
+        "head_dim": args.head_dim,
+        "dtype": args.dtype,
+        "seed": args.seed,
+        "threads": args.threads,
+        "flush_denormal": args.flush_denormal,
         "jobs": jobs,
     }
     env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536", "MALLOC_TRIM_THRESHOLD_": "0"}
     cmd = [sys.executable, "-m", "relbias.bench", "--memory-worker", json.dumps(spec)]
     log(f"  memory n={n}: {len(jobs)} measurements in a subprocess")
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env,
-                          timeout=args.memory_timeout)
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=args.memory_timeout)
     for line in proc.stdout.splitlines():
         if line.startswith("MEMORY-RESULT "):
-            return json.loads(line[len("MEMORY-RESULT "):])
+            return json.loads(line[len("MEMORY-RESULT ") :])
     tail = (proc.stderr or "")[-500:]
-    return [{"family": f, "method": m, "n": n, "error": f"worker failed: {tail}"}
-            for f, m in jobs]
+    return [{"family": f, "method": m, "n": n, "error": f"worker failed: {tail}"} for f, m in jobs]
 
 
 # ---------------------------------------------------------------------------------
@@ -391,15 +405,22 @@ def _run(args, log=print) -> dict:
             samples: list[float] = []
             per_family = {}
             for family in families:
-                per_family[family] = _time_family(n, family, methods, args, backward, samples,
-                                                  log)
+                per_family[family] = _time_family(n, family, methods, args, backward, samples, log)
             floor_median = statistics.median(samples) if samples else None
             floor[(n, backward)] = floor_median
             pass_ = "forward_backward" if backward else "forward"
             if floor_median:
-                results.append({"family": None, "n": n, "method": "sdpa", "pass": pass_,
-                                "seconds_median": floor_median, "wall": samples,
-                                "note": "all families' floor samples at this n, pooled"})
+                results.append(
+                    {
+                        "family": None,
+                        "n": n,
+                        "method": "sdpa",
+                        "pass": pass_,
+                        "seconds_median": floor_median,
+                        "wall": samples,
+                        "note": "all families' floor samples at this n, pooled",
+                    }
+                )
             for family, entries in per_family.items():
                 # Ratios use the floor timed in the same loop (interleaved with the
                 # method), so that load that changes over the run cancels out.
@@ -411,7 +432,9 @@ def _run(args, log=print) -> dict:
                     results.append(row)
         if args.memory:
             jobs = [[None, "sdpa"]] + [
-                [family, method] for family in families for method in methods
+                [family, method]
+                for family in families
+                for method in methods
                 if not _applicable(method, family, n, args.heads, args.max_dense_gib, False)
             ]
             mem = _measure_memory(n, jobs, args, log)
@@ -421,7 +444,8 @@ def _run(args, log=print) -> dict:
                 if floor_mem and "peak_bytes" in r:
                     r["ratio_to_floor"] = r["peak_bytes"] / floor_mem
                     r["extra_ratio_to_floor"] = r["peak_extra_bytes"] / max(
-                        1, next(x["peak_extra_bytes"] for x in mem if x["method"] == "sdpa"))
+                        1, next(x["peak_extra_bytes"] for x in mem if x["method"] == "sdpa")
+                    )
             results.extend(mem)
     report = {
         "schema": 1,
@@ -432,11 +456,19 @@ def _run(args, log=print) -> dict:
         "threads": torch.get_num_threads(),
         "flush_denormal": args.flush_denormal,
         "config": {
-            "device": "cpu", "dtype": args.dtype, "batch": 1, "heads": args.heads,
-            "head_dim": args.head_dim, "lengths": list(args.lengths), "families": families,
-            "methods": ["sdpa", *methods], "backward_max": args.backward_max,
+            "device": "cpu",
+            "dtype": args.dtype,
+            "batch": 1,
+            "heads": args.heads,
+            "head_dim": args.head_dim,
+            "lengths": list(args.lengths),
+            "families": families,
+            "methods": ["sdpa", *methods],
+            "backward_max": args.backward_max,
             "repeats": args.repeats or "5 (n <= 2048), 3 (n <= 8192), 2 (larger)",
-            "seed": args.seed, "causal": True, "max_dense_gib": args.max_dense_gib,
+            "seed": args.seed,
+            "causal": True,
+            "max_dense_gib": args.max_dense_gib,
             "bias_parameters": "offset (max_offset=1024) and t5 tables ~ N(0, 1); "
             "kerple, fire: default initialisation (seeded)",
         },
@@ -474,8 +506,7 @@ def _versions() -> dict:
 # Reporting
 # ---------------------------------------------------------------------------------
 def _index(report, pass_):
-    return {(r["family"], r["n"], r["method"]): r for r in report["results"]
-            if r["pass"] == pass_}
+    return {(r["family"], r["n"], r["method"]): r for r in report["results"] if r["pass"] == pass_}
 
 
 def _best_ours(rows, family, n):
@@ -498,17 +529,22 @@ def evaluate_goals(report) -> dict:
             if row is None:
                 continue
             limit = 1.5 if family == "fire" else 1.15
-            refs = {m: fwd[(family, n, m)]["seconds_median"] / row["seconds_median"]
-                    for m in ("xt", "hf_t5")
-                    if fwd.get((family, n, m), {}).get("seconds_median")}
+            refs = {
+                m: fwd[(family, n, m)]["seconds_median"] / row["seconds_median"]
+                for m in ("xt", "hf_t5")
+                if fwd.get((family, n, m), {}).get("seconds_median")
+            }
             speed[family] = {
-                "backend": method, "ratio_to_floor": row.get("ratio_to_floor"),
-                "limit": limit, "met": bool(row.get("ratio_to_floor", math.inf) <= limit),
+                "backend": method,
+                "ratio_to_floor": row.get("ratio_to_floor"),
+                "limit": limit,
+                "met": bool(row.get("ratio_to_floor", math.inf) <= limit),
                 "speedup_vs_references": refs,
                 "references_5x_met": all(v >= 5 for v in refs.values()) if refs else None,
                 "speedup_vs_materialize": (
                     fwd[(family, n, "materialize")]["seconds_median"] / row["seconds_median"]
-                    if fwd.get((family, n, "materialize"), {}).get("seconds_median") else None
+                    if fwd.get((family, n, "materialize"), {}).get("seconds_median")
+                    else None
                 ),
                 "table_ratio_to_floor": fwd.get((family, n, "table"), {}).get("ratio_to_floor"),
                 "flex_ratio_to_floor": fwd.get((family, n, "flex"), {}).get("ratio_to_floor"),
@@ -533,14 +569,21 @@ def evaluate_goals(report) -> dict:
         train = {}
         for family in families:
             row = bwd.get((family, bn, "materialize"))
-            best = min((bwd[(family, bn, m)] for m in ("materialize", "table")
-                        if bwd.get((family, bn, m), {}).get("seconds_median")),
-                       key=lambda r: r["seconds_median"], default=None)
+            best = min(
+                (
+                    bwd[(family, bn, m)]
+                    for m in ("materialize", "table")
+                    if bwd.get((family, bn, m), {}).get("seconds_median")
+                ),
+                key=lambda r: r["seconds_median"],
+                default=None,
+            )
             if row is None or best is None:
                 continue
             xt = bwd.get((family, bn, "xt"), {}).get("seconds_median")
             train[family] = {
-                "backend": best["method"], "ratio_to_floor": best.get("ratio_to_floor"),
+                "backend": best["method"],
+                "ratio_to_floor": best.get("ratio_to_floor"),
                 "materialize_ratio_to_floor": row.get("ratio_to_floor"),
                 "speedup_vs_xt": xt / best["seconds_median"] if xt else None,
                 "met": (xt / best["seconds_median"] >= 1.0) if xt else None,
@@ -563,9 +606,11 @@ def _fmt_ratio(row) -> str:
 def format_tables(report) -> str:
     lines = []
     methods = report["config"]["methods"]
-    for pass_, title in (("forward", "Forward time"),
-                         ("forward_backward", "Forward + backward time"),
-                         ("memory", "Peak memory (inputs included)")):
+    for pass_, title in (
+        ("forward", "Forward time"),
+        ("forward_backward", "Forward + backward time"),
+        ("memory", "Peak memory (inputs included)"),
+    ):
         rows = _index(report, pass_)
         if not rows:
             continue
@@ -590,9 +635,7 @@ def format_tables(report) -> str:
     lines.append("\nGoals (see 'goals' in the JSON):")
     for name, per_family in report.get("goals", {}).items():
         for family, g in per_family.items():
-            details = ", ".join(
-                f"{k}={_short(v)}" for k, v in g.items() if k not in ("limit",)
-            )
+            details = ", ".join(f"{k}={_short(v)}" for k, v in g.items() if k not in ("limit",))
             lines.append(f"  {name:24s} {family:13s} {details}")
     return "\n".join(lines)
 
@@ -620,19 +663,34 @@ METHOD_STYLE = {
 }
 
 
-def compare(n: int, families, methods=("materialize", "table", "fused", "xt", "hf_t5"), *,
-            repeats: int = 3, heads: int = 8, head_dim: int = 64, seed: int = 0) -> dict:
+def compare(
+    n: int,
+    families,
+    methods=("materialize", "table", "fused", "xt", "hf_t5"),
+    *,
+    repeats: int = 3,
+    heads: int = 8,
+    head_dim: int = 64,
+    seed: int = 0,
+) -> dict:
     """Time the forward pass of ``methods`` for ``families`` at one length n.
 
     Returns ``{"floor_seconds": ..., "rows": [{family, method, seconds_median,
     ratio_to_floor, max_abs_diff} ...]}``; ``max_abs_diff`` is the largest difference
     of each method's output from the first method's (the materialised path).
     """
-    args = argparse.Namespace(heads=heads, head_dim=head_dim, dtype="float32", seed=seed,
-                              repeats=repeats, max_dense_gib=math.inf)
+    args = argparse.Namespace(
+        heads=heads,
+        head_dim=head_dim,
+        dtype="float32",
+        seed=seed,
+        repeats=repeats,
+        max_dense_gib=math.inf,
+    )
     samples: list[float] = []
-    per_family = {f: _time_family(n, f, list(methods), args, False, samples, lambda m: None)
-                  for f in families}
+    per_family = {
+        f: _time_family(n, f, list(methods), args, False, samples, lambda m: None) for f in families
+    }
     floor_seconds = statistics.median(samples)
     rows = []
     for family, entries in per_family.items():
@@ -640,10 +698,15 @@ def compare(n: int, families, methods=("materialize", "table", "fused", "xt", "h
             e = entries.get(method, {})
             if "seconds_median" not in e:
                 continue
-            rows.append({"family": family, "method": method,
-                         "seconds_median": e["seconds_median"],
-                         "ratio_to_floor": e["seconds_median"] / floor_seconds,
-                         "max_abs_diff": e.get("max_abs_diff", 0.0)})
+            rows.append(
+                {
+                    "family": family,
+                    "method": method,
+                    "seconds_median": e["seconds_median"],
+                    "ratio_to_floor": e["seconds_median"] / floor_seconds,
+                    "max_abs_diff": e.get("max_abs_diff", 0.0),
+                }
+            )
     return {"n": n, "floor_seconds": floor_seconds, "rows": rows}
 
 
@@ -703,23 +766,21 @@ def summary(report) -> dict:
     out = {
         "n_forward": next((int(k[9:]) for k in goals if k.startswith("forward_n")), None),
         "n_memory": next((int(k[8:]) for k in goals if k.startswith("memory_n")), None),
-        "n_backward": next((int(k[18:]) for k in goals if k.startswith("forward_backward_n")),
-                           None),
+        "n_backward": next(
+            (int(k[18:]) for k in goals if k.startswith("forward_backward_n")), None
+        ),
         "table": span(fwd[f].get("table_ratio_to_floor") for f in offset_only),
         "flex": span(fwd[f]["flex_ratio_to_floor"] for f in offset_only),
         "fused": span(fwd[f].get("fused_ratio_to_floor") for f in offset_only),
         "fire": fwd.get("fire", {}).get("table_ratio_to_floor", math.nan),
         "fire_flex": fwd.get("fire", {}).get("flex_ratio_to_floor", math.nan),
         "fire_fused": fwd.get("fire", {}).get("fused_ratio_to_floor") or math.nan,
-        "vs_references": span(v for f in fwd.values()
-                              for v in f["speedup_vs_references"].values()),
+        "vs_references": span(v for f in fwd.values() for v in f["speedup_vs_references"].values()),
         "vs_materialize": span(f["speedup_vs_materialize"] for f in fwd.values()),
         "memory_table": span(m["table"]["ratio_to_floor"] for m in mem.values() if "table" in m),
         "memory_flex": span(m["flex"]["ratio_to_floor"] for m in mem.values() if "flex" in m),
-        "memory_fused": span(m["fused"]["ratio_to_floor"] for m in mem.values()
-                             if "fused" in m),
-        "backward_vs_xt": {f: g["speedup_vs_xt"] for f, g in bwd.items()
-                           if g.get("speedup_vs_xt")},
+        "memory_fused": span(m["fused"]["ratio_to_floor"] for m in mem.values() if "fused" in m),
+        "backward_vs_xt": {f: g["speedup_vs_xt"] for f, g in bwd.items() if g.get("speedup_vs_xt")},
         "backward_floor": span(g["ratio_to_floor"] for g in bwd.values()),
         "forward_met": [f for f, g in fwd.items() if g["met"]],
         "forward_missed": [f for f, g in fwd.items() if not g["met"]],
@@ -734,7 +795,8 @@ def _length_axis(ax, lengths) -> None:
     ax.set_xticks(sorted(lengths))
     ax.xaxis.set_minor_locator(NullLocator())
     ax.xaxis.set_major_formatter(
-        FuncFormatter(lambda n, _: f"{n / 1024:g}k" if n >= 1024 else f"{n:g}"))
+        FuncFormatter(lambda n, _: f"{n / 1024:g}k" if n >= 1024 else f"{n:g}")
+    )
     ax.set_yscale("log")
     ax.yaxis.set_major_formatter(FuncFormatter(lambda y, _: f"{y:g}"))
     ax.yaxis.set_minor_formatter(FuncFormatter(lambda y, _: ""))
@@ -747,8 +809,14 @@ def _figure_legend(fig) -> None:
         for handle, label in zip(*ax.get_legend_handles_labels()):
             seen.setdefault(label, handle)
     per_row = max(2, int(fig.get_figwidth() / 1.7))
-    fig.legend(list(seen.values()), list(seen), loc="outside lower center",
-               ncols=min(len(seen), per_row), fontsize=8, frameon=False)
+    fig.legend(
+        list(seen.values()),
+        list(seen),
+        loc="outside lower center",
+        ncols=min(len(seen), per_row),
+        fontsize=8,
+        frameon=False,
+    )
 
 
 def plot_forward(report, families, *, methods=None, pass_="forward"):
@@ -762,8 +830,11 @@ def plot_forward(report, families, *, methods=None, pass_="forward"):
     for ax, family in zip(axes, families):
         lengths = set()
         for method in methods:
-            pts = sorted((n, r["ratio_to_floor"]) for (f, n, m), r in rows.items()
-                         if f == family and m == method and r.get("ratio_to_floor"))
+            pts = sorted(
+                (n, r["ratio_to_floor"])
+                for (f, n, m), r in rows.items()
+                if f == family and m == method and r.get("ratio_to_floor")
+            )
             if not pts:
                 continue
             lengths.update(n for n, _ in pts)
@@ -787,8 +858,11 @@ def plot_memory(report, family, *, methods=None):
     lengths = set()
     for method in methods:
         key_family = None if method == "sdpa" else family
-        pts = sorted((n, r["peak_bytes"] / 2**20) for (f, n, m), r in rows.items()
-                     if f == key_family and m == method and r.get("peak_bytes"))
+        pts = sorted(
+            (n, r["peak_bytes"] / 2**20)
+            for (f, n, m), r in rows.items()
+            if f == key_family and m == method and r.get("peak_bytes")
+        )
         if pts:
             lengths.update(n for n, _ in pts)
             label, color, style = METHOD_STYLE[method]
@@ -806,18 +880,40 @@ def goal_rows(report) -> list[list]:
     for name, per_family in report.get("goals", {}).items():
         for family, g in per_family.items():
             if name.startswith("forward_n"):
-                rows.append([name, family, f"{g['backend']} {g['ratio_to_floor']:.2f}x floor",
-                             f"<= {g['limit']}x", g["met"]])
+                rows.append(
+                    [
+                        name,
+                        family,
+                        f"{g['backend']} {g['ratio_to_floor']:.2f}x floor",
+                        f"<= {g['limit']}x",
+                        g["met"],
+                    ]
+                )
                 for ref, speedup in g["speedup_vs_references"].items():
-                    rows.append([name, family, f"{speedup:.1f}x faster than {ref}", ">= 5x",
-                                 speedup >= 5])
+                    rows.append(
+                        [name, family, f"{speedup:.1f}x faster than {ref}", ">= 5x", speedup >= 5]
+                    )
             elif name.startswith("memory"):
                 for method, m in g.items():
-                    rows.append([name, family, f"{method} {m['ratio_to_floor']:.2f}x floor",
-                                 "<= 1.5x", m["met"]])
+                    rows.append(
+                        [
+                            name,
+                            family,
+                            f"{method} {m['ratio_to_floor']:.2f}x floor",
+                            "<= 1.5x",
+                            m["met"],
+                        ]
+                    )
             elif g.get("speedup_vs_xt") is not None:
-                rows.append([name, family, f"{g['speedup_vs_xt']:.2f}x x-transformers' speed",
-                             ">= 1x", g["met"]])
+                rows.append(
+                    [
+                        name,
+                        family,
+                        f"{g['speedup_vs_xt']:.2f}x x-transformers' speed",
+                        ">= 1x",
+                        g["met"],
+                    ]
+                )
     return rows
 
 
@@ -827,38 +923,65 @@ def goal_rows(report) -> list[list]:
 def _csv(kind):
     def parse(text):
         return [kind(x) for x in text.split(",") if x]
+
     return parse
 
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(prog="python -m relbias.bench", description=__doc__.split("\n")[0])
-    p.add_argument("--quick", action="store_true",
-                   help="small run: n = 256, 512, 3 repeats (about a minute)")
-    p.add_argument("--lengths", type=_csv(int), default=None,
-                   help="comma-separated lengths (default 512,...,16384)")
-    p.add_argument("--families", type=_csv(str), default=None,
-                   help=f"comma-separated families (default all: {','.join(BIAS_NAMES)})")
-    p.add_argument("--methods", type=_csv(str), default=None,
-                   help=f"comma-separated methods (default all: {','.join(ALL_METHODS)})")
+    p.add_argument(
+        "--quick", action="store_true", help="small run: n = 256, 512, 3 repeats (about a minute)"
+    )
+    p.add_argument(
+        "--lengths",
+        type=_csv(int),
+        default=None,
+        help="comma-separated lengths (default 512,...,16384)",
+    )
+    p.add_argument(
+        "--families",
+        type=_csv(str),
+        default=None,
+        help=f"comma-separated families (default all: {','.join(BIAS_NAMES)})",
+    )
+    p.add_argument(
+        "--methods",
+        type=_csv(str),
+        default=None,
+        help=f"comma-separated methods (default all: {','.join(ALL_METHODS)})",
+    )
     p.add_argument("--repeats", type=int, default=None, help="timed repeats per method")
     p.add_argument("--heads", type=int, default=8)
     p.add_argument("--head-dim", type=int, default=64)
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     p.add_argument("--threads", type=int, default=torch.get_num_threads())
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--backward-max", type=int, default=2048,
-                   help="largest n timed forward + backward")
+    p.add_argument(
+        "--backward-max", type=int, default=2048, help="largest n timed forward + backward"
+    )
     p.add_argument("--no-backward", dest="backward", action="store_false")
-    p.add_argument("--no-memory", dest="memory", action="store_false",
-                   help="skip the peak-memory subprocesses")
-    p.add_argument("--max-dense-gib", type=float, default=4.0,
-                   help="skip dense methods that would need more GiB of [H, n, n] tensors")
+    p.add_argument(
+        "--no-memory", dest="memory", action="store_false", help="skip the peak-memory subprocesses"
+    )
+    p.add_argument(
+        "--max-dense-gib",
+        type=float,
+        default=4.0,
+        help="skip dense methods that would need more GiB of [H, n, n] tensors",
+    )
     p.add_argument("--memory-timeout", type=float, default=3600)
-    p.add_argument("--no-flush-denormal", dest="flush_denormal", action="store_false",
-                   help="keep denormal floats (slow on x86: strong biases underflow exp)")
-    p.add_argument("--out", default=None,
-                   help="JSON file to write (default benchmarks/results/cpu.json, or "
-                   "cpu-quick.json with --quick; '-' for none)")
+    p.add_argument(
+        "--no-flush-denormal",
+        dest="flush_denormal",
+        action="store_false",
+        help="keep denormal floats (slow on x86: strong biases underflow exp)",
+    )
+    p.add_argument(
+        "--out",
+        default=None,
+        help="JSON file to write (default benchmarks/results/cpu.json, or "
+        "cpu-quick.json with --quick; '-' for none)",
+    )
     p.add_argument("--memory-worker", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)

@@ -156,7 +156,6 @@ def _to_tensor(data: bytes) -> torch.Tensor:
     return torch.frombuffer(bytearray(data), dtype=torch.uint8).clone()
 
 
-
 def random_windows(
     data: torch.Tensor, batch_size: int, seq_len: int, generator: torch.Generator
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -191,6 +190,7 @@ def eval_windows(data: torch.Tensor, seq_len: int, num_tokens: int) -> tuple:
 
 # --- the long-range probe ------------------------------------------------------------
 
+
 def make_recall_batch(
     batch_size: int,
     seq_len: int,
@@ -215,15 +215,20 @@ def make_recall_batch(
     as LongTensors ``[batch_size, seq_len]``.
     """
     check_positive_ints(batch_size=batch_size, seq_len=seq_len, num_pairs=num_pairs)
-    if isinstance(num_distractors, bool) or not isinstance(num_distractors, int) \
-            or num_distractors < 0:
+    if (
+        isinstance(num_distractors, bool)
+        or not isinstance(num_distractors, int)
+        or num_distractors < 0
+    ):
         raise ValueError(f"num_distractors must be an integer >= 0, got {num_distractors!r}")
     dist = torch.as_tensor(distance, dtype=torch.long).expand(batch_size)
     if int(dist.min()) < 1 or int(dist.max()) > seq_len - 2:
         raise ValueError(f"distance must lie in 1..seq_len-2 = 1..{seq_len - 2}, got {distance}")
     if num_pairs > len(KEYS) or 2 * num_pairs + num_distractors + 1 > seq_len:
-        raise ValueError(f"num_pairs={num_pairs} pairs and {num_distractors} distractors "
-                         f"do not fit in seq_len={seq_len}")
+        raise ValueError(
+            f"num_pairs={num_pairs} pairs and {num_distractors} distractors "
+            f"do not fit in seq_len={seq_len}"
+        )
     filler = torch.tensor(list(FILLER))
     x = filler[torch.randint(len(FILLER), (batch_size, seq_len), generator=generator)]
     y = torch.full((batch_size, seq_len), -100, dtype=torch.long)
@@ -233,8 +238,9 @@ def make_recall_batch(
     return x, y
 
 
-def _write_pairs(row: torch.Tensor, distance: int, num_pairs: int, num_distractors: int,
-                 gen: torch.Generator) -> None:
+def _write_pairs(
+    row: torch.Tensor, distance: int, num_pairs: int, num_distractors: int, gen: torch.Generator
+) -> None:
     """Write the target pair, the other pairs, lone digits and the query key into ``row``."""
     n = row.numel()
     keys = torch.tensor(list(KEYS))[torch.randperm(len(KEYS), generator=gen)[:num_pairs]]
@@ -253,8 +259,10 @@ def _write_pairs(row: torch.Tensor, distance: int, num_pairs: int, num_distracto
         if len(slots) == num_pairs and len(lone) == num_distractors:
             break
     if len(slots) < num_pairs or len(lone) < num_distractors:
-        raise ValueError(f"num_pairs={num_pairs} pairs and {num_distractors} distractors "
-                         f"do not fit in seq_len={n}")
+        raise ValueError(
+            f"num_pairs={num_pairs} pairs and {num_distractors} distractors "
+            f"do not fit in seq_len={n}"
+        )
     for key, value, pos in zip(keys, values, slots):
         row[pos - 1], row[pos] = key, value
     digits = torch.tensor(list(VALUES))

@@ -74,13 +74,17 @@ def _readback(model, config: Config) -> dict | None:
         return None
     max_offset = 2 * config.train_len - 1
     table = learned_bias(model, max_offset)
-    return {"max_offset": max_offset, "query_position": max_offset,
-            "module": repr(model.bias_modules()[0]),
-            "values": [[round(v, 5) for v in row] for row in table.tolist()]}
+    return {
+        "max_offset": max_offset,
+        "query_position": max_offset,
+        "module": repr(model.bias_modules()[0]),
+        "values": [[round(v, 5) for v in row] for row in table.tolist()],
+    }
 
 
-def train_and_evaluate(method: str, config: Config, *, corpus=None, device=None,
-                       progress: bool = True, factors=None):
+def train_and_evaluate(
+    method: str, config: Config, *, corpus=None, device=None, progress: bool = True, factors=None
+):
     """Train one method on the text and evaluate every length; returns ``(model, record)``.
 
     The record holds the parameter count, the training history (loss in bits per step,
@@ -90,12 +94,15 @@ def train_and_evaluate(method: str, config: Config, *, corpus=None, device=None,
     corpus = corpus or load_corpus(max_bytes=config.corpus_bytes)
     device = device or pick_device(verbose=False)
     model = _new_model(method, config, device)
-    history = train_lm(model, corpus.train, config, device=device, progress=progress,
-                       desc=method)
+    history = train_lm(model, corpus.train, config, device=device, progress=progress, desc=method)
     rows = evaluate_lengths(model, corpus.val, config, factors=factors, device=device)
     history["losses"] = [round(v, 4) for v in history["losses"]]
-    record = {"params": sum(p.numel() for p in model.parameters()), "train": history,
-              "eval": rows, "learned_bias": _readback(model, config)}
+    record = {
+        "params": sum(p.numel() for p in model.parameters()),
+        "train": history,
+        "eval": rows,
+        "learned_bias": _readback(model, config),
+    }
     return model, record
 
 
@@ -111,61 +118,103 @@ def _sweep(run_one, methods, device, verbose: bool):
     return device, records, time.perf_counter() - start
 
 
-def run_extrapolation(config: Config | None = None, methods=None, *, out=None, device=None,
-                      progress: bool = True, factors=None, verbose: bool = True) -> dict:
+def run_extrapolation(
+    config: Config | None = None,
+    methods=None,
+    *,
+    out=None,
+    device=None,
+    progress: bool = True,
+    factors=None,
+    verbose: bool = True,
+) -> dict:
     """Train and evaluate every method; returns (and with ``out`` writes) the results."""
     config = config or get_config()
     corpus = load_corpus(max_bytes=config.corpus_bytes)
 
     def one(method, device):
-        return train_and_evaluate(method, config, corpus=corpus, device=device,
-                                  progress=progress, factors=factors)
+        return train_and_evaluate(
+            method, config, corpus=corpus, device=device, progress=progress, factors=factors
+        )
 
     device, records, wall_s = _sweep(one, methods, device, verbose)
-    results = {"kind": "extrapolation", "methods": records, "corpus": corpus.describe(),
-               "provenance": provenance(config, device, wall_s=wall_s)}
+    results = {
+        "kind": "extrapolation",
+        "methods": records,
+        "corpus": corpus.describe(),
+        "provenance": provenance(config, device, wall_s=wall_s),
+    }
     if out is not None:
         _write(results, out)
     return results
 
 
-def train_and_probe(method: str, config: Config, *, device=None, progress: bool = True,
-                    factors=None, distances=None):
+def train_and_probe(
+    method: str, config: Config, *, device=None, progress: bool = True, factors=None, distances=None
+):
     """Train one method on the recall probe and measure accuracy against distance.
 
     Returns ``(model, record)``; ``record["eval"]`` has one row per (length, distance).
     """
     device = device or pick_device(verbose=False)
     model = _new_model(method, config, device)
-    history = train_lm(model, probe_batches(config), config, steps=config.probe_steps,
-                       device=device, progress=progress, desc=method)
+    history = train_lm(
+        model,
+        probe_batches(config),
+        config,
+        steps=config.probe_steps,
+        device=device,
+        progress=progress,
+        desc=method,
+    )
     rows = []
     for factor in factors or config.probe_eval_factors:
         seq_len = factor * config.train_len
-        ds = default_distances(seq_len) if distances is None else [
-            d for d in distances if d <= seq_len - 2]
+        ds = (
+            default_distances(seq_len)
+            if distances is None
+            else [d for d in distances if d <= seq_len - 2]
+        )
         rows += evaluate_retrieval(model, config, seq_len=seq_len, distances=ds, device=device)
     history["losses"] = [round(v, 4) for v in history["losses"]]
-    return model, {"params": sum(p.numel() for p in model.parameters()), "train": history,
-                   "eval": rows}
+    return model, {
+        "params": sum(p.numel() for p in model.parameters()),
+        "train": history,
+        "eval": rows,
+    }
 
 
-def run_retrieval(config: Config | None = None, methods=None, *, out=None, device=None,
-                  progress: bool = True, factors=None, distances=None,
-                  verbose: bool = True) -> dict:
+def run_retrieval(
+    config: Config | None = None,
+    methods=None,
+    *,
+    out=None,
+    device=None,
+    progress: bool = True,
+    factors=None,
+    distances=None,
+    verbose: bool = True,
+) -> dict:
     """Train every method on the probe; returns (and with ``out`` writes) the results."""
     config = config or get_config()
 
     def one(method, device):
-        return train_and_probe(method, config, device=device, progress=progress,
-                               factors=factors, distances=distances)
+        return train_and_probe(
+            method, config, device=device, progress=progress, factors=factors, distances=distances
+        )
 
     device, records, wall_s = _sweep(one, methods, device, verbose)
-    results = {"kind": "retrieval", "methods": records,
-               "probe": {"task": "key-value recall, answer copied from `distance` back",
-                         "num_pairs": config.probe_num_pairs,
-                         "num_distractors": config.probe_distractors, "chance": 0.1},
-               "provenance": provenance(config, device, wall_s=wall_s)}
+    results = {
+        "kind": "retrieval",
+        "methods": records,
+        "probe": {
+            "task": "key-value recall, answer copied from `distance` back",
+            "num_pairs": config.probe_num_pairs,
+            "num_distractors": config.probe_distractors,
+            "chance": 0.1,
+        },
+        "provenance": provenance(config, device, wall_s=wall_s),
+    }
     if out is not None:
         _write(results, out)
     return results
@@ -173,9 +222,12 @@ def run_retrieval(config: Config | None = None, methods=None, *, out=None, devic
 
 def _report(method: str, rec: dict) -> None:
     train = rec["train"]
-    print(f"{method}: {train['steps']} steps in {train['wall_s']:.1f} s "
-          f"({train['tokens_per_s']:.0f} tokens/s), final training loss "
-          f"{train['final_loss_bits']:.3f} bits", flush=True)
+    print(
+        f"{method}: {train['steps']} steps in {train['wall_s']:.1f} s "
+        f"({train['tokens_per_s']:.0f} tokens/s), final training loss "
+        f"{train['final_loss_bits']:.3f} bits",
+        flush=True,
+    )
 
 
 def _write(results: dict, out) -> None:
@@ -193,10 +245,13 @@ def _write(results: dict, out) -> None:
 
 # --- tables ----------------------------------------------------------------------------------
 
+
 def _extrapolation_row(method: str, rec: dict) -> str:
     bpb = " ".join(f"{r['bpb']:7.3f}" for r in rec["eval"])
-    return (f"{method:13s} {rec['params']:8d} {rec['train']['final_loss_bits']:7.3f} {bpb} "
-            f"{rec['train']['wall_s']:7.1f}")
+    return (
+        f"{method:13s} {rec['params']:8d} {rec['train']['final_loss_bits']:7.3f} {bpb} "
+        f"{rec['train']['wall_s']:7.1f}"
+    )
 
 
 def extrapolation_table(results: dict) -> str:
@@ -223,6 +278,7 @@ def retrieval_table(results: dict) -> str:
 
 
 # --- command line -----------------------------------------------------------------------------
+
 
 def _positive_int(text: str) -> int:
     try:
@@ -255,25 +311,48 @@ def build_parser() -> argparse.ArgumentParser:
         ("retrieval", "key-value recall accuracy against distance"),
     ):
         p = sub.add_parser(name, help=helptext, description=helptext)
-        p.add_argument("--config", choices=("quick", "full"), default=None,
-                       help="named configuration (default: quick on CPU or under CI, else full)")
-        p.add_argument("--methods", nargs="+", default=["all"], metavar="METHOD",
-                       help=f"methods: {', '.join(POSITION_NAMES)}, or all/biases/baselines")
+        p.add_argument(
+            "--config",
+            choices=("quick", "full"),
+            default=None,
+            help="named configuration (default: quick on CPU or under CI, else full)",
+        )
+        p.add_argument(
+            "--methods",
+            nargs="+",
+            default=["all"],
+            metavar="METHOD",
+            help=f"methods: {', '.join(POSITION_NAMES)}, or all/biases/baselines",
+        )
         p.add_argument("--out", default="results", help="output folder (default: results)")
         p.add_argument("--steps", type=_positive_int, help="training steps (override)")
         p.add_argument("--train-len", type=_positive_int, help="training length (override)")
-        p.add_argument("--lengths", type=_positive_int, nargs="+", metavar="FACTOR",
-                       help="evaluation lengths as multiples of the training length")
+        p.add_argument(
+            "--lengths",
+            type=_positive_int,
+            nargs="+",
+            metavar="FACTOR",
+            help="evaluation lengths as multiples of the training length",
+        )
         p.add_argument("--seed", type=int, help="random seed (override)")
         p.add_argument("--device", help="cuda, mps or cpu (default: the best available)")
         p.add_argument("--no-progress", action="store_true", help="hide progress bars")
         if name == "retrieval":
-            p.add_argument("--distances", type=_positive_int, nargs="+", metavar="D",
-                           help="distances back to the answer (default: 1, 2, 4, ... )")
-            p.add_argument("--num-pairs", type=_positive_int,
-                           help="key-value pairs per sequence (override)")
-            p.add_argument("--distractors", type=_non_negative_int,
-                           help="lone digits scattered in each sequence (override)")
+            p.add_argument(
+                "--distances",
+                type=_positive_int,
+                nargs="+",
+                metavar="D",
+                help="distances back to the answer (default: 1, 2, 4, ... )",
+            )
+            p.add_argument(
+                "--num-pairs", type=_positive_int, help="key-value pairs per sequence (override)"
+            )
+            p.add_argument(
+                "--distractors",
+                type=_non_negative_int,
+                help="lone digits scattered in each sequence (override)",
+            )
     return parser
 
 
@@ -305,10 +384,12 @@ def _config_from_args(parser, args) -> Config:
         if config.train_len < 4:
             raise ValueError("--train-len must be at least 4")
         if args.experiment == "retrieval" and (
-                2 * config.probe_num_pairs + config.probe_distractors + 1 > config.train_len):
+            2 * config.probe_num_pairs + config.probe_distractors + 1 > config.train_len
+        ):
             raise ValueError(
                 f"{config.probe_num_pairs} key-value pairs and {config.probe_distractors} "
-                f"distractors do not fit in a training sequence of {config.train_len} tokens")
+                f"distractors do not fit in a training sequence of {config.train_len} tokens"
+            )
     except (TypeError, ValueError) as err:
         parser.error(str(err))
     return config
@@ -320,8 +401,10 @@ def _check_distances(parser, args, config: Config) -> None:
     longest = max(config.probe_eval_factors) * config.train_len
     too_far = [d for d in args.distances if d > longest - 2]
     if too_far:
-        parser.error(f"--distances {too_far} do not fit in the longest evaluation sequence "
-                     f"({longest} tokens, distances up to {longest - 2}); raise --lengths")
+        parser.error(
+            f"--distances {too_far} do not fit in the longest evaluation sequence "
+            f"({longest} tokens, distances up to {longest - 2}); raise --lengths"
+        )
 
 
 def main(argv=None) -> int:
@@ -339,15 +422,19 @@ def main(argv=None) -> int:
     except (RuntimeError, ValueError) as err:
         parser.error(f"--device {args.device!r} is not usable: {err}")
     _check_distances(parser, args, config)
-    print(f"relbias: {args.experiment}, config {config.name}, device {device_name(device)}, "
-          f"methods {' '.join(methods)}", flush=True)
+    print(
+        f"relbias: {args.experiment}, config {config.name}, device {device_name(device)}, "
+        f"methods {' '.join(methods)}",
+        flush=True,
+    )
     progress = not args.no_progress
     if args.experiment == "extrapolation":
         results = run_extrapolation(config, methods, device=device, progress=progress)
         table = extrapolation_table(results)
     else:
-        results = run_retrieval(config, methods, device=device, progress=progress,
-                                distances=args.distances)
+        results = run_retrieval(
+            config, methods, device=device, progress=progress, distances=args.distances
+        )
         table = retrieval_table(results)
     _write(results, out)
     name = f"{args.experiment}_{config.name}"

@@ -63,10 +63,20 @@ def plot_alibi_slopes(head_counts=(4, 6, 8, 12, 16), *, erratum_heads: int = 8):
     fig, axes = figure(11, 3.8, ncols=2)
     ax0, ax1 = axes.flat
     k = np.arange(1, erratum_heads + 1)
-    ax0.plot(k, book_alibi_betas(erratum_heads).numpy(), "s--", color="tab:red",
-             label=r"Eq. 2.84 as printed: $1/2^{8/k}$")
-    ax0.plot(k, alibi_slopes(erratum_heads).numpy(), "o-", color="tab:blue",
-             label=r"Press et al.: $m_k = 2^{-8k/n}$")
+    ax0.plot(
+        k,
+        book_alibi_betas(erratum_heads).numpy(),
+        "s--",
+        color="tab:red",
+        label=r"Eq. 2.84 as printed: $1/2^{8/k}$",
+    )
+    ax0.plot(
+        k,
+        alibi_slopes(erratum_heads).numpy(),
+        "o-",
+        color="tab:blue",
+        label=r"Press et al.: $m_k = 2^{-8k/n}$",
+    )
     ax0.set_yscale("log", base=2)
     ax0.set_xlabel(f"head k ({erratum_heads} heads)")
     ax0.set_ylabel("slope (log scale)")
@@ -116,8 +126,12 @@ def plot_recency_weights(slopes_by_label: dict, length: int = 64, *, ax=None):
         weights = recency_weights(slopes, length)
         spans = attention_span(slopes, length)
         for k in range(len(slopes)):
-            ax_.plot(offsets, weights[k].numpy(), lw=1.2,
-                     label=f"k={k + 1}: slope {float(slopes[k]):.3g}, 90% within {spans[k]}")
+            ax_.plot(
+                offsets,
+                weights[k].numpy(),
+                lw=1.2,
+                label=f"k={k + 1}: slope {float(slopes[k]):.3g}, 90% within {spans[k]}",
+            )
         ax_.set_yscale("log")
         ax_.set_ylim(1e-6, 1.5)
         ax_.set_xlabel("offset i - j")
@@ -156,9 +170,18 @@ def offset_profile(bias: RelativeBias, max_offset: int, *, query_position=None) 
     return row.flip(-1)[:, : max_offset + 1]
 
 
-def plot_offset_profiles(biases: dict, max_offset: int, *, reference: dict | None = None,
-                         train_len: int | None = None, query_position=None, ncols: int = 4,
-                         ylim=None, width: float = 3.5, height: float = 3.0):
+def plot_offset_profiles(
+    biases: dict,
+    max_offset: int,
+    *,
+    reference: dict | None = None,
+    train_len: int | None = None,
+    query_position=None,
+    ncols: int = 4,
+    ylim=None,
+    width: float = 3.5,
+    height: float = 3.0,
+):
     """One panel per entry of ``biases``: PE against the offset i - j, a line per head.
 
     ``biases`` maps a title to a :class:`RelativeBias` or a tensor ``[heads, offsets]``.
@@ -181,8 +204,14 @@ def plot_offset_profiles(biases: dict, max_offset: int, *, reference: dict | Non
     for ax, (name, item) in zip(axes.flat, biases.items()):
         for ref_name, ref in (reference or {}).items():
             for h, line in enumerate(table(ref)):
-                ax.plot(offsets, line.numpy(), color="grey", lw=0.8, ls="--",
-                        label=ref_name if h == 0 else None)
+                ax.plot(
+                    offsets,
+                    line.numpy(),
+                    color="grey",
+                    lw=0.8,
+                    ls="--",
+                    label=ref_name if h == 0 else None,
+                )
         for h, line in enumerate(table(item)):
             ax.plot(offsets, line.numpy(), lw=1.3, label=f"head {h}")
         if train_len is not None:
@@ -244,14 +273,19 @@ def plot_cpd_scan(exponents, values, *, tolerance: float = 1e-9):
     exponents, values = np.asarray(exponents), np.asarray(values)
     ok = values >= -tolerance
     ax.plot(exponents, values, color="grey", lw=0.8)
-    ax.plot(exponents[ok], values[ok], "o", color="tab:green", ms=4,
-            label="conditionally positive definite")
+    ax.plot(
+        exponents[ok],
+        values[ok],
+        "o",
+        color="tab:green",
+        ms=4,
+        label="conditionally positive definite",
+    )
     ax.plot(exponents[~ok], values[~ok], "x", color="tab:red", ms=5, label="not CPD")
     ax.axvline(2.0, color="black", lw=0.6, ls=":")
     ax.set_xlabel("exponent r2 of the kernel -|i-j|^r2")
     ax.set_ylabel("min eig(P K P) / max |eig|")
-    ax.set_title("-|i-j|^r2 is conditionally positive definite exactly when r2 <= 2",
-                 fontsize=9)
+    ax.set_title("-|i-j|^r2 is conditionally positive definite exactly when r2 <= 2", fontsize=9)
     ax.legend(fontsize=8)
     return fig
 
@@ -286,9 +320,13 @@ def plot_fire_inputs(fire: FIRE, short_len: int, long_len: int, *, rows=None):
         styles = ["-", "--", ":", "-.", "-"]
         for n, i in enumerate(rows):
             offsets = np.arange(i + 1)
-            axes[2].plot(offsets, x[i, : i + 1].flip(0).numpy(), lw=1.4 + 0.6 * (i < L),
-                         ls=styles[n % len(styles)],
-                         label=f"i = {i}" + (" (< L)" if i < L else ""))
+            axes[2].plot(
+                offsets,
+                x[i, : i + 1].flip(0).numpy(),
+                lw=1.4 + 0.6 * (i < L),
+                ls=styles[n % len(styles)],
+                label=f"i = {i}" + (" (< L)" if i < L else ""),
+            )
     axes[2].axvline(L, color="grey", lw=0.6, ls=":")
     axes[2].set_xlabel("offset i - j")
     axes[2].set_ylabel("MLP input")
@@ -328,8 +366,10 @@ TABLE_2_4 = {
     "sandwich": (r"$\sum_{k=1}^{d'/2}\cos\big((i-j)/10000^{2k/d'}\big)$", r"$d'$"),
     "kerple_power": (r"$-\beta_1\,|i-j|^{\beta_2}$", r"none: $\beta_1, \beta_2$ learned"),
     "kerple_log": (r"$-\beta_1 \log(1 + \beta_2\,|i-j|)$", r"none: $\beta_1, \beta_2$ learned"),
-    "fire": (r"$f_\theta\big(\psi(i-j)/\psi(\max(m_{len}, i))\big)$",
-             r"hidden size; $c$, $m_{len}$ learned"),
+    "fire": (
+        r"$f_\theta\big(\psi(i-j)/\psi(\max(m_{len}, i))\big)$",
+        r"hidden size; $c$, $m_{len}$ learned",
+    ),
     "nope": ("no positional information", "none"),
     "sinusoidal": ("sinusoidal absolute embedding (learned scale)", "none"),
     "learned": ("learned absolute embedding", r"$m_l$"),
@@ -347,8 +387,7 @@ def positional_parameters(name: str, config) -> int:
     from .training import build_model
 
     def count(position: str) -> int:
-        return sum(p.numel() for p in build_model(position, config).parameters()
-                   if p.requires_grad)
+        return sum(p.numel() for p in build_model(position, config).parameters() if p.requires_grad)
 
     return count(name) - count("nope")
 
@@ -364,8 +403,12 @@ def bias_values_computed(name: str, config, length: int) -> str:
     from .registry import make_bias
 
     if name not in BIAS_POSITIONS:
-        return {"rope": "rotates q, k: O(n d)", "learned": "table lookup: O(n d)",
-                "sinusoidal": "O(n d) once", "nope": "nothing"}[name]
+        return {
+            "rope": "rotates q, k: O(n d)",
+            "learned": "table lookup: O(n d)",
+            "sinusoidal": "O(n d) once",
+            "nope": "nothing",
+        }[name]
     bias = make_bias(name, config.heads, **default_bias_kwargs(name, config.train_len))
     if bias.offset_only:
         return f"{2 * length - 1:,} values per head (table + gather)"
@@ -382,14 +425,28 @@ def table_2_4_rows(results: dict, config, *, cost_length: int = 1024):
     measured in ``results`` (bits per byte at the longest length over those at the
     training length).
     """
-    headers = ["method", "PE(i, j)", "hyper-parameters", "learned parameters",
-               f"work for a {cost_length}-token bias", "bpb longest / bpb train"]
+    headers = [
+        "method",
+        "PE(i, j)",
+        "hyper-parameters",
+        "learned parameters",
+        f"work for a {cost_length}-token bias",
+        "bpb longest / bpb train",
+    ]
     rows = []
     for name, rec in results["methods"].items():
         formula, hyper = TABLE_2_4[name]
         bpb = [r["bpb"] for r in rec["eval"]]
-        rows.append([name, formula, hyper, positional_parameters(name, config),
-                     bias_values_computed(name, config, cost_length), bpb[-1] / bpb[0]])
+        rows.append(
+            [
+                name,
+                formula,
+                hyper,
+                positional_parameters(name, config),
+                bias_values_computed(name, config, cost_length),
+                bpb[-1] / bpb[0],
+            ]
+        )
     return rows, headers
 
 

@@ -29,9 +29,7 @@ class FIRE(RelativeBias):
 
     offset_only = False
 
-    def __init__(
-        self, num_heads, *, hidden=32, c=0.1, L=512, learn_c=True, learn_L=True, eps=1e-6
-    ):
+    def __init__(self, num_heads, *, hidden=32, c=0.1, L=512, learn_c=True, learn_L=True, eps=1e-6):
         super().__init__(num_heads, bidirectional=True)
         self.hidden = check_int("hidden", hidden, minimum=1)
         c = check_positive_float("c", c)
@@ -86,4 +84,3 @@ class FIRE(RelativeBias):
             f"num_heads={self.num_heads}, hidden={self.hidden}, "
             f"c={float(self.c.detach()):.4g}, L={float(self.L.detach()):.4g}"
         )
-

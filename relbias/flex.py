@@ -132,8 +132,9 @@ class PreparedBias:
 
         Equal to what the family's ``forward`` returns for the same shape.
         """
-        if self._dense is None or (torch.is_grad_enabled() and self.requires_grad
-                                   and not self._dense.requires_grad):
+        if self._dense is None or (
+            torch.is_grad_enabled() and self.requires_grad and not self._dense.requires_grad
+        ):
             self._dense = self._dense_bias()
         return self._dense
 
@@ -216,9 +217,12 @@ class OffsetTableBias(PreparedBias):
         return (self.table,)
 
     def _dense_bias(self):
-        index = relative_positions(
-            self.q_len, self.k_len, q_start=self.q_start, device=self.table.device
-        ) - self.lowest
+        index = (
+            relative_positions(
+                self.q_len, self.k_len, q_start=self.q_start, device=self.table.device
+            )
+            - self.lowest
+        )
         return self.table[:, index]
 
     def score_mod(self):
@@ -256,8 +260,7 @@ class FIREBias(PreparedBias):
 
     kind = "fire"
 
-    def __init__(self, psi_table, denominator, w1, b1, w2, b2, q_len, k_len=None, *,
-                 q_start=None):
+    def __init__(self, psi_table, denominator, w1, b1, w2, b2, q_len, k_len=None, *, q_start=None):
         q_len, k_len, q_start = check_lengths(q_len, k_len, q_start)
         super().__init__(w2.shape[0], q_len, k_len, q_start, True)
         self.psi_table, self.denominator = psi_table, denominator
@@ -353,8 +356,13 @@ class FIREBias(PreparedBias):
             switching = ~linear & ~((at_zero <= 0) & (at_max <= 0))
             slope = self.w2[:, linear] @ self.w1[linear]
             intercept = self.b2 + self.w2[:, linear] @ self.b1[linear]
-            self._aux[key] = (self.w1[switching], self.b1[switching], self.w2[:, switching],
-                              slope, intercept)
+            self._aux[key] = (
+                self.w1[switching],
+                self.b1[switching],
+                self.w2[:, switching],
+                slope,
+                intercept,
+            )
         return self._aux[key]
 
 
@@ -392,6 +400,7 @@ def _fused_fire_block():
 
 def _timed(fn, key):
     """Call ``fn``, recording the first call per ``key`` as a compilation."""
+
     def call(*args, **kwargs):
         with torch._dynamo.config.patch(recompile_limit=1024, accumulated_recompile_limit=4096):
             if key in _COMPILE_TIMES:
@@ -476,8 +485,7 @@ def table_attention(q, k, v, bias: PreparedBias, *, causal=True, block_rows=None
     if block_rows is None:
         block_rows = default_block_rows(bias, causal)
     block_rows = check_int("block_rows", block_rows, minimum=1)
-    blocks = [(start, min(q_len, start + block_rows))
-              for start in range(tiled, q_len, block_rows)]
+    blocks = [(start, min(q_len, start + block_rows)) for start in range(tiled, q_len, block_rows)]
 
     def block(rows, start, stop):  # rows: the queries start..stop-1 in reversed order
         k_stop = min(k_len, bias.q_start + stop) if causal else k_len
@@ -490,8 +498,10 @@ def table_attention(q, k, v, bias: PreparedBias, *, causal=True, block_rows=None
         # Few large operations (each one a parallel region): reverse q once, join the
         # blocks once, reverse the output once.
         reversed_q = q.flip(2)
-        pieces = [block(reversed_q[:, :, q_len - stop:q_len - start], start, stop)
-                  for start, stop in blocks]
+        pieces = [
+            block(reversed_q[:, :, q_len - stop : q_len - start], start, stop)
+            for start, stop in blocks
+        ]
         joined = pieces[0] if len(pieces) == 1 else torch.cat(pieces[::-1], dim=2)
         del pieces
         return joined.flip(2)
@@ -514,13 +524,18 @@ def default_block_rows(bias: PreparedBias, causal: bool = True) -> int:
 
 def _tiles_apply(q, k, v, bias, causal) -> bool:
     """Whether :func:`_tiled_table_attention` can compute (part of) this attention."""
-    return (causal and bias.kind == "offset" and q.device.type == "cpu"
-            and q.dtype == torch.float32 and k.dtype == v.dtype == torch.float32
-            and q.shape[-1] == v.shape[-1]
-            and bias.k_len == bias.q_start + bias.q_len and bias.q_len >= TILE_ROWS
-            and TILE_ROWS % STRIP_ROWS == 0
-            and not (torch.is_grad_enabled()
-                     and any(t.requires_grad for t in (q, k, v, bias.table))))
+    return (
+        causal
+        and bias.kind == "offset"
+        and q.device.type == "cpu"
+        and q.dtype == torch.float32
+        and k.dtype == v.dtype == torch.float32
+        and q.shape[-1] == v.shape[-1]
+        and bias.k_len == bias.q_start + bias.q_len
+        and bias.q_len >= TILE_ROWS
+        and TILE_ROWS % STRIP_ROWS == 0
+        and not (torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v, bias.table)))
+    )
 
 
 def _tiled_table_attention(q, k, v, bias: OffsetTableBias, out: torch.Tensor) -> int:
@@ -556,27 +571,42 @@ def _tiled_table_attention(q, k, v, bias: OffsetTableBias, out: torch.Tensor) ->
         reversed_q = _workspace("q", (batch, heads, stop - start, dim), q)
         torch.index_select(q, 2, rows.flatten(), out=reversed_q)
         reversed_q = reversed_q.unflatten(2, (tiles, tile))
-        keys, values = (x[:, :, first_key:first_key + stop - start].unflatten(2, (tiles, tile))
-                        for x in (k, v))
+        keys, values = (
+            x[:, :, first_key : first_key + stop - start].unflatten(2, (tiles, tile))
+            for x in (k, v)
+        )
         group_out = _workspace("out", (batch, heads, tiles, tile, dim), q)
         lse = q.new_empty(batch, heads, tiles, tile)
         for s in range(tile // strip):  # strip s: rows s*strip .. (s+1)*strip-1 of a tile
             lo, hi, width = tile - (s + 1) * strip, tile - s * strip, (s + 1) * strip
             # the mask of the group's first tile, the same in every tile
-            mask = _reversed_hankel(table, q_len, start + s * strip, start + (s + 1) * strip,
-                                    first_key + width, k_start=first_key)
+            mask = _reversed_hankel(
+                table,
+                q_len,
+                start + s * strip,
+                start + (s + 1) * strip,
+                first_key + width,
+                k_start=first_key,
+            )
             o, log_sum = _flash_cpu(
-                by_tile(reversed_q[:, :, :, lo:hi]), by_tile(keys[:, :, :, :width]),
-                by_tile(values[:, :, :, :width]), 0.0, False, attn_mask=mask)
+                by_tile(reversed_q[:, :, :, lo:hi]),
+                by_tile(keys[:, :, :, :width]),
+                by_tile(values[:, :, :, :width]),
+                0.0,
+                False,
+                attn_mask=mask,
+            )
             group_out[:, :, :, lo:hi] = from_tiles(o, tiles)
             lse[:, :, :, lo:hi] = from_tiles(log_sum, tiles)
         for t in range(tiles):  # every key before tile t: offsets from 1 up, all visible
             past = first_key + t * tile
             if past > 0:
-                mask = _reversed_hankel(table, q_len, start + t * tile, start + (t + 1) * tile,
-                                        past)
-                o, log_sum = _flash_cpu(reversed_q[:, :, t], k[:, :, :past], v[:, :, :past],
-                                        0.0, False, attn_mask=mask)
+                mask = _reversed_hankel(
+                    table, q_len, start + t * tile, start + (t + 1) * tile, past
+                )
+                o, log_sum = _flash_cpu(
+                    reversed_q[:, :, t], k[:, :, :past], v[:, :, :past], 0.0, False, attn_mask=mask
+                )
                 group_out[:, :, t].lerp_(o, torch.sigmoid(log_sum - lse[:, :, t])[..., None])
         out.index_copy_(2, rows.flatten(), group_out.flatten(2, 3))  # rows back in order
     return all_rows
@@ -688,8 +718,13 @@ def causal_block_mask(q_len, k_len, q_start, device, block_size=BLOCK_SIZE):
     kv_num, kv_idx = pack(partial)
     full_num, full_idx = pack(whole)
     mask = BlockMask.from_kv_blocks(
-        kv_num, kv_idx, full_num, full_idx, BLOCK_SIZE=(block_size, block_size),
-        mask_mod=_causal_mask_mod(q_start), seq_lengths=(q_len, k_len),
+        kv_num,
+        kv_idx,
+        full_num,
+        full_idx,
+        BLOCK_SIZE=(block_size, block_size),
+        mask_mod=_causal_mask_mod(q_start),
+        seq_lengths=(q_len, k_len),
     )
     _BLOCK_MASKS[key] = mask
     while len(_BLOCK_MASKS) > _MAX_BLOCK_MASKS:
@@ -705,11 +740,12 @@ def flex_attention_with_bias(q, k, v, bias: PreparedBias | None, *, causal=True,
     """
     if q.dtype not in FLEX_DTYPES:
         raise TypeError(
-            f"backend='flex' needs q, k, v in one of {[str(d) for d in FLEX_DTYPES]}, "
-            f"got {q.dtype}"
+            f"backend='flex' needs q, k, v in one of {[str(d) for d in FLEX_DTYPES]}, got {q.dtype}"
         )
-    if q.device.type == "cpu" and torch.is_grad_enabled() and (
-        any(t.requires_grad for t in (q, k, v)) or (bias is not None and bias.requires_grad)
+    if (
+        q.device.type == "cpu"
+        and torch.is_grad_enabled()
+        and (any(t.requires_grad for t in (q, k, v)) or (bias is not None and bias.requires_grad))
     ):
         raise RuntimeError(
             "backend='flex' cannot compute gradients on the CPU (PyTorch has no CPU "
@@ -723,9 +759,15 @@ def flex_attention_with_bias(q, k, v, bias: PreparedBias | None, *, causal=True,
     block_mask = causal_block_mask(q_len, k_len, q_start, q.device) if causal else None
     score_mod = None if bias is None else bias.score_mod()
     key = (
-        str(q.device), str(q.dtype), tuple(q.shape), tuple(k.shape), tuple(v.shape),
+        str(q.device),
+        str(q.dtype),
+        tuple(q.shape),
+        tuple(k.shape),
+        tuple(v.shape),
         None if bias is None else (bias.kind, getattr(bias, "hidden", None)),
-        causal, q_start if causal else None, torch.is_grad_enabled(),
+        causal,
+        q_start if causal else None,
+        torch.is_grad_enabled(),
     )
     _STATS["calls"] += 1
     call = _timed(_compiled_flex(), key)

@@ -33,8 +33,15 @@ import torch
 
 from .flex import PreparedBias
 
-__all__ = ["Q_BLOCK", "KV_BLOCK", "SOURCE", "available", "build_info", "fused_attention",
-           "unavailable_reason"]
+__all__ = [
+    "Q_BLOCK",
+    "KV_BLOCK",
+    "SOURCE",
+    "available",
+    "build_info",
+    "fused_attention",
+    "unavailable_reason",
+]
 
 #: The C++ source of the kernel.
 SOURCE = Path(__file__).with_name("csrc") / "fused_attention.cpp"
@@ -87,8 +94,11 @@ def _build() -> None:
     logger.setLevel(logging.WARNING)
     try:
         cpp_extension.load(
-            name=f"relbias_fused_{capability.lower()}", sources=[str(SOURCE)],
-            extra_cflags=flags, extra_ldflags=["-fopenmp"], is_python_module=False,
+            name=f"relbias_fused_{capability.lower()}",
+            sources=[str(SOURCE)],
+            extra_cflags=flags,
+            extra_ldflags=["-fopenmp"],
+            is_python_module=False,
             verbose=False,
         )
     finally:
@@ -147,8 +157,7 @@ def _why_not(q, k, v, bias) -> str | None:
         return "it runs on the CPU only"
     if any(t.dtype != torch.float32 for t in (q, k, v)):
         return f"it runs in float32 only, got {q.dtype}"
-    if torch.is_grad_enabled() and (bias.requires_grad or any(t.requires_grad
-                                                               for t in (q, k, v))):
+    if torch.is_grad_enabled() and (bias.requires_grad or any(t.requires_grad for t in (q, k, v))):
         return "it has no backward: use backend='materialize' or torch.no_grad()"
     return None
 
@@ -163,8 +172,10 @@ def _kernel_inputs(bias: PreparedBias, causal: bool) -> tuple:
         else:
             psi, _ = bias._reversed(False, torch.float32)
             w1, b1, w2, slope, intercept = bias.folded_mlp(causal)
-            cache[key] = tuple(t.detach().float().contiguous() for t in (
-                psi, 1.0 / bias.denominator, w1, b1, w2, slope, intercept))
+            cache[key] = tuple(
+                t.detach().float().contiguous()
+                for t in (psi, 1.0 / bias.denominator, w1, b1, w2, slope, intercept)
+            )
     return cache[key]
 
 
@@ -186,7 +197,9 @@ def fused_attention(q, k, v, bias: PreparedBias, *, causal: bool = True) -> torc
     ops = torch.ops.relbias_fused
     with torch.no_grad():
         if bias.kind == "offset":
-            return ops.offset_attention(q, k, v, inputs[0], highest, bias.q_start, causal,
-                                        Q_BLOCK, KV_BLOCK)
-        return ops.fire_attention(q, k, v, inputs[0], highest, *inputs[1:], bias.q_start,
-                                  causal, Q_BLOCK, KV_BLOCK)
+            return ops.offset_attention(
+                q, k, v, inputs[0], highest, bias.q_start, causal, Q_BLOCK, KV_BLOCK
+            )
+        return ops.fire_attention(
+            q, k, v, inputs[0], highest, *inputs[1:], bias.q_start, causal, Q_BLOCK, KV_BLOCK
+        )

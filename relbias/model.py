@@ -255,8 +255,7 @@ class TinyLM(nn.Module):
         self.bias_kwargs = {**default_bias_kwargs(position, train_len), **(bias_kwargs or {})}
         self.attention_backend = attention_backend
         self.embed = nn.Embedding(vocab_size, dim)
-        self.sin_scale = (nn.Parameter(torch.tensor(SIN_SCALE)) if position == "sinusoidal"
-                          else None)
+        self.sin_scale = nn.Parameter(torch.tensor(SIN_SCALE)) if position == "sinusoidal" else None
         self.abs_pos = (
             LearnedPositions(train_len, dim, learned_fallback) if position == "learned" else None
         )
@@ -266,8 +265,13 @@ class TinyLM(nn.Module):
         self.bias = self._new_bias() if self.uses_bias and share_bias else None
         per_layer = self.uses_bias and not share_bias
         self.blocks = nn.ModuleList(
-            Block(dim, heads, mlp_ratio=mlp_ratio, rotary=rotary,
-                  bias=self._new_bias() if per_layer else None)
+            Block(
+                dim,
+                heads,
+                mlp_ratio=mlp_ratio,
+                rotary=rotary,
+                bias=self._new_bias() if per_layer else None,
+            )
             for _ in range(depth)
         )
         self.norm = nn.LayerNorm(dim)
@@ -337,9 +341,9 @@ class TinyLM(nn.Module):
         return self.head(self.norm(x))
 
     def extra_repr(self) -> str:
-        return (f"position={self.position!r}, train_len={self.train_len}, "
-                f"share_bias={self.share_bias}")
-
+        return (
+            f"position={self.position!r}, train_len={self.train_len}, share_bias={self.share_bias}"
+        )
 
 
 def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

@@ -63,6 +63,7 @@ PACKAGE_ROOT = Path(__file__).resolve().parent.parent
 
 # --- the runtime ---------------------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class Runtime:
     """What :func:`runtime_banner` chose: the torch device and the training configuration."""
@@ -122,8 +123,10 @@ def runtime_banner(config: str | None = None, *, seed: int = 0, verbose: bool = 
         where = {"cpu": "CPU", "cuda": "GPU (CUDA)", "mps": "Apple GPU (MPS)"}.get(
             device.type, device.type
         )
-        print(f"relbias {_version()} | device: {where} | configuration: {cfg.name} "
-              f"(train_len={cfg.train_len}, {cfg.steps} steps)")
+        print(
+            f"relbias {_version()} | device: {where} | configuration: {cfg.name} "
+            f"(train_len={cfg.train_len}, {cfg.steps} steps)"
+        )
         print("(quick on a CPU and whenever CI is set; full on a GPU)")
     return Runtime(device=device, config=cfg)
 
@@ -135,6 +138,7 @@ def _version() -> str:
 
 
 # --- showing the library's source ------------------------------------------------------------
+
 
 def _qualified_name(obj) -> str:
     module = getattr(obj, "__module__", None) or ""
@@ -164,7 +168,7 @@ def _strip_docstring(source: str) -> str:
     end = source.find(quote, match.end(3))
     if end < 0:
         return source
-    rest = source[end + len(quote):]
+    rest = source[end + len(quote) :]
     if rest.startswith("\n\n"):  # no blank line where the docstring was
         rest = rest[1:]
     return source[:start] + rest
@@ -228,7 +232,7 @@ def show_cpp(name: str, *, display: bool = True):
     depth, stop = 0, None
     for i in range(start, len(lines)):
         depth += lines[i].count("{") - lines[i].count("}")
-        if "{" in "".join(lines[start:i + 1]) and depth == 0:
+        if "{" in "".join(lines[start : i + 1]) and depth == 0:
             stop = i + 1
             break
     source = "\n".join(lines[start:stop])
@@ -247,6 +251,7 @@ def _display(obj) -> None:
 
 
 # --- glue ------------------------------------------------------------------------------------
+
 
 class _Text:
     """A value shown as its plain text (a string without quotes) by ``{glue:text}``."""
@@ -308,6 +313,7 @@ def _pasteable(text: str) -> str:
 
 # --- tables ----------------------------------------------------------------------------------
 
+
 def _cell(value, floatfmt: str) -> str:
     value = _plain(value)
     if isinstance(value, float):
@@ -315,8 +321,14 @@ def _cell(value, floatfmt: str) -> str:
     return str(value).replace("|", "\\|")
 
 
-def show_table(rows: Sequence[Sequence], headers: Sequence[str], *, floatfmt: str = ".3f",
-               caption: str | None = None, display: bool = True):
+def show_table(
+    rows: Sequence[Sequence],
+    headers: Sequence[str],
+    *,
+    floatfmt: str = ".3f",
+    caption: str | None = None,
+    display: bool = True,
+):
     """Display ``rows`` as a Markdown table (rendered in Jupyter, Colab and the book).
 
     Floats are formatted with ``floatfmt``; tensors and NumPy scalars become numbers.
@@ -330,9 +342,7 @@ def show_table(rows: Sequence[Sequence], headers: Sequence[str], *, floatfmt: st
     lines = ["| " + " | ".join(heads) + " |", "|" + "|".join("---:" for _ in heads) + "|"]
     lines += ["| " + " | ".join(r) + " |" for r in body]
     widths = [max(len(x) for x in col) for col in zip(heads, *body)]
-    plain = [
-        "  ".join(x.rjust(w) for x, w in zip(line, widths)) for line in [heads, *body]
-    ]
+    plain = ["  ".join(x.rjust(w) for x, w in zip(line, widths)) for line in [heads, *body]]
     markdown = "\n".join(lines)
     text = "\n".join(plain)
     if caption:
@@ -347,8 +357,10 @@ def show_table(rows: Sequence[Sequence], headers: Sequence[str], *, floatfmt: st
 
 # --- figures ---------------------------------------------------------------------------------
 
-def figure(width: float = 7.0, height: float = 3.2, *, nrows: int = 1, ncols: int = 1,
-           **subplot_kw):
+
+def figure(
+    width: float = 7.0, height: float = 3.2, *, nrows: int = 1, ncols: int = 1, **subplot_kw
+):
     """A matplotlib Figure and its axes, built without pyplot (nothing is auto-displayed).
 
     Returns ``(fig, axes)``; ``axes`` is a single Axes for 1 x 1, else a 2-D array.
@@ -401,10 +413,19 @@ def _bias_tensor(bias, q_len: int, k_len: int | None, q_start: int | None) -> to
     raise TypeError(f"bias must be a relbias.RelativeBias or a tensor, got {type(bias).__name__}")
 
 
-def plot_bias_matrix(bias, q_len: int = 16, k_len: int | None = None, *, q_start=None,
-                     heads: Sequence[int] | None = None, causal: bool = True,
-                     title: str | None = None, annotate: bool | None = None,
-                     cmap: str = "viridis", width: float | None = None):
+def plot_bias_matrix(
+    bias,
+    q_len: int = 16,
+    k_len: int | None = None,
+    *,
+    q_start=None,
+    heads: Sequence[int] | None = None,
+    causal: bool = True,
+    title: str | None = None,
+    annotate: bool | None = None,
+    cmap: str = "viridis",
+    width: float | None = None,
+):
     """PE(i, j) as a matrix per head: rows are queries i, columns keys j.
 
     ``bias`` is a :class:`~relbias.RelativeBias` (called with the lengths) or a tensor
@@ -422,8 +443,11 @@ def plot_bias_matrix(bias, q_len: int = 16, k_len: int | None = None, *, q_start
     j = torch.arange(cols)[None, :]
     future = j > i
     panel = 2.4 if len(heads) > 1 else 3.6
-    fig, axes = figure(width or panel * len(heads) + 0.6, 0.3 + panel * min(rows / cols, 1.4) + 0.5,
-                       ncols=len(heads))
+    fig, axes = figure(
+        width or panel * len(heads) + 0.6,
+        0.3 + panel * min(rows / cols, 1.4) + 0.5,
+        ncols=len(heads),
+    )
     axes = [axes] if len(heads) == 1 else list(axes.flat)
     shown = values[heads].clone()
     if causal:
@@ -434,8 +458,14 @@ def plot_bias_matrix(bias, q_len: int = 16, k_len: int | None = None, *, q_start
         vmin, vmax = vmin - 1.0, vmax + 1.0
     image = None
     for ax, h, mat in zip(axes, heads, shown):
-        image = ax.imshow(mat.numpy(), cmap=cmap, vmin=vmin, vmax=vmax, aspect="equal",
-                          extent=(-0.5, cols - 0.5, first + rows - 0.5, first - 0.5))
+        image = ax.imshow(
+            mat.numpy(),
+            cmap=cmap,
+            vmin=vmin,
+            vmax=vmax,
+            aspect="equal",
+            extent=(-0.5, cols - 0.5, first + rows - 0.5, first - 0.5),
+        )
         ax.set_title(f"head {h}", fontsize=9)
         ax.set_xlabel("key position j")
         if annotate:
@@ -443,9 +473,15 @@ def plot_bias_matrix(bias, q_len: int = 16, k_len: int | None = None, *, q_start
                 for c in range(cols):
                     v = float(mat[r, c])
                     if math.isfinite(v):
-                        ax.text(c, first + r, f"{v + 0.0:.2g}", ha="center", va="center",
-                                fontsize=7,
-                                color="white" if v < (vmin + vmax) / 2 else "black")
+                        ax.text(
+                            c,
+                            first + r,
+                            f"{v + 0.0:.2g}",
+                            ha="center",
+                            va="center",
+                            fontsize=7,
+                            color="white" if v < (vmin + vmax) / 2 else "black",
+                        )
     axes[0].set_ylabel("query position i")
     fig.colorbar(image, ax=axes, shrink=0.8, label="PE(i, j)")
     if title:
@@ -453,9 +489,17 @@ def plot_bias_matrix(bias, q_len: int = 16, k_len: int | None = None, *, q_start
     return fig
 
 
-def plot_bias_by_offset(bias, max_offset: int = 64, *, min_offset: int = 0,
-                        heads: Sequence[int] | None = None, mark: Sequence[int] = (),
-                        title: str | None = None, ax=None, step: bool = False):
+def plot_bias_by_offset(
+    bias,
+    max_offset: int = 64,
+    *,
+    min_offset: int = 0,
+    heads: Sequence[int] | None = None,
+    mark: Sequence[int] = (),
+    title: str | None = None,
+    ax=None,
+    step: bool = False,
+):
     """PE against the offset i - j, one line per head.
 
     ``bias`` is an offset-only :class:`~relbias.RelativeBias` (its ``offset_table``) or a
@@ -497,9 +541,17 @@ def plot_bias_by_offset(bias, max_offset: int = 64, *, min_offset: int = 0,
     return fig
 
 
-def plot_index_matrix(index, *, first_query: int = 0, label: str = "u",
-                      highlight=None, causal: bool = True, title: str | None = None,
-                      ax=None, size: float | None = None):
+def plot_index_matrix(
+    index,
+    *,
+    first_query: int = 0,
+    label: str = "u",
+    highlight=None,
+    causal: bool = True,
+    title: str | None = None,
+    ax=None,
+    size: float | None = None,
+):
     """An integer matrix ``[q_len, k_len]`` (offsets, buckets) with each cell labelled.
 
     Every cell shows ``label_value`` (e.g. :math:`u_5`), coloured by its value. Queries sit
@@ -537,8 +589,15 @@ def plot_index_matrix(index, *, first_query: int = 0, label: str = "u",
                 continue
             v = int(index[r, c])
             shade = np.asarray(rgba[r, c][:3]).mean()
-            ax.text(c, first_query + r, f"${label}_{{{v}}}$", ha="center", va="center",
-                    fontsize=fontsize, color="black" if shade > 0.5 else "white")
+            ax.text(
+                c,
+                first_query + r,
+                f"${label}_{{{v}}}$",
+                ha="center",
+                va="center",
+                fontsize=fontsize,
+                color="black" if shade > 0.5 else "white",
+            )
     ax.set_xticks(range(cols))
     ax.set_yticks(range(first_query, first_query + rows))
     ax.tick_params(labelsize=7)
@@ -549,8 +608,15 @@ def plot_index_matrix(index, *, first_query: int = 0, label: str = "u",
     return fig
 
 
-def plot_bias_gallery(biases: dict, q_len: int = 12, *, head: int = 0, ncols: int = 4,
-                      causal: bool = True, title: str | None = None):
+def plot_bias_gallery(
+    biases: dict,
+    q_len: int = 12,
+    *,
+    head: int = 0,
+    ncols: int = 4,
+    causal: bool = True,
+    title: str | None = None,
+):
     """PE(i, j) of one head for several biases side by side (one panel each, own colours).
 
     ``biases`` maps a panel title to a :class:`~relbias.RelativeBias` or a tensor
@@ -581,6 +647,7 @@ def plot_bias_gallery(biases: dict, q_len: int = 12, *, head: int = 0, ncols: in
 
 # --- explorers -------------------------------------------------------------------------------
 
+
 def _control(name: str, spec):
     """An ipywidgets control from a widget, a (min, max[, step]) tuple or a list of options."""
     import ipywidgets as widgets
@@ -592,21 +659,36 @@ def _control(name: str, spec):
         low, high = spec[0], spec[1]
         if all(isinstance(v, int) and not isinstance(v, bool) for v in spec):
             step = spec[2] if len(spec) == 3 else 1
-            return widgets.IntSlider(value=low, min=low, max=high, step=step, description=name,
-                                     continuous_update=False, style=style)
+            return widgets.IntSlider(
+                value=low,
+                min=low,
+                max=high,
+                step=step,
+                description=name,
+                continuous_update=False,
+                style=style,
+            )
         step = spec[2] if len(spec) == 3 else (high - low) / 100
-        return widgets.FloatSlider(value=low, min=low, max=high, step=step, description=name,
-                                   continuous_update=False, style=style)
+        return widgets.FloatSlider(
+            value=low,
+            min=low,
+            max=high,
+            step=step,
+            description=name,
+            continuous_update=False,
+            style=style,
+        )
     if isinstance(spec, list):
         return widgets.Dropdown(options=spec, value=spec[0], description=name, style=style)
     if isinstance(spec, bool):
         return widgets.Checkbox(value=spec, description=name, style=style)
-    raise TypeError(f"control {name!r}: give a widget, a (min, max[, step]) tuple, a list "
-                    f"of options or a bool, got {spec!r}")
+    raise TypeError(
+        f"control {name!r}: give a widget, a (min, max[, step]) tuple, a list "
+        f"of options or a bool, got {spec!r}"
+    )
 
 
-def explorer(draw: Callable, *, title: str = "explorer", initial: dict | None = None,
-             **controls):
+def explorer(draw: Callable, *, title: str = "explorer", initial: dict | None = None, **controls):
     """An interactive explorer: sliders that redraw ``draw(**values)`` (a matplotlib Figure).
 
     Each keyword names an argument of ``draw`` and gives its control: an ipywidgets
@@ -648,8 +730,10 @@ def explorer(draw: Callable, *, title: str = "explorer", initial: dict | None = 
         box.observe(redraw, names="value")
     redraw()
     names = ", ".join(boxes)
-    return _Explorer([widgets.HTML(f"<b>{title}</b>"), *boxes.values(), out],
-                     description=f"{title} (controls: {names}; live in Jupyter or Colab)")
+    return _Explorer(
+        [widgets.HTML(f"<b>{title}</b>"), *boxes.values(), out],
+        description=f"{title} (controls: {names}; live in Jupyter or Colab)",
+    )
 
 
 _EXPLORER_CLASS = None
@@ -675,6 +759,7 @@ def _Explorer(children, *, description: str):  # noqa: N802 - builds an instance
 
 # --- executing the chapters ------------------------------------------------------------------
 
+
 def execute_notebook(path, *, timeout: int = 1800, kernel_name: str = "python3") -> float:
     """Run a chapter top to bottom in the quick configuration and store its outputs.
 
@@ -695,8 +780,12 @@ def execute_notebook(path, *, timeout: int = 1800, kernel_name: str = "python3")
     start = time.perf_counter()
     try:
         NotebookClient(
-            nb, timeout=timeout, kernel_name=kernel_name, store_widget_state=False,
-            record_timing=False, resources={"metadata": {"path": str(path.parent)}},
+            nb,
+            timeout=timeout,
+            kernel_name=kernel_name,
+            store_widget_state=False,
+            record_timing=False,
+            resources={"metadata": {"path": str(path.parent)}},
         ).execute()
     finally:
         if old is None:

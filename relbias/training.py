@@ -39,6 +39,7 @@ RESULTS_DIR = Path(__file__).with_name("results")
 
 # --- configuration ---------------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class Config:
     """Everything that sizes a run. Field names are recorded in every result file."""
@@ -76,12 +77,12 @@ class Config:
             if isinstance(value, list):
                 value = tuple(value)
                 object.__setattr__(self, f.name, value)
-            if f.name in ("name", "lr", "weight_decay", "grad_clip", "seed",
-                          "probe_distractors"):
+            if f.name in ("name", "lr", "weight_decay", "grad_clip", "seed", "probe_distractors"):
                 continue
             items = value if isinstance(value, tuple) else (value,)
-            if not items or any(isinstance(v, bool) or not isinstance(v, int) or v < 1
-                                for v in items):
+            if not items or any(
+                isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in items
+            ):
                 raise ValueError(f"config field {f.name} must hold integers >= 1, got {value!r}")
         if self.dim % self.heads:
             raise ValueError(f"dim ({self.dim}) must be divisible by heads ({self.heads})")
@@ -97,9 +98,22 @@ class Config:
 CONFIGS = {
     "quick": Config(),
     "full": Config(
-        name="full", dim=256, depth=4, heads=8, train_len=256, batch_size=32, steps=4000,
-        lr=1e-3, warmup=200, eval_tokens=131072, eval_batch_size=8, corpus_bytes=4_000_000,
-        probe_steps=3000, probe_batch_size=64, probe_num_pairs=4, probe_eval_samples=200,
+        name="full",
+        dim=256,
+        depth=4,
+        heads=8,
+        train_len=256,
+        batch_size=32,
+        steps=4000,
+        lr=1e-3,
+        warmup=200,
+        eval_tokens=131072,
+        eval_batch_size=8,
+        corpus_bytes=4_000_000,
+        probe_steps=3000,
+        probe_batch_size=64,
+        probe_num_pairs=4,
+        probe_eval_samples=200,
     ),
 }
 
@@ -118,6 +132,7 @@ def get_config(name: str | None = None, **overrides) -> Config:
 
 
 # --- device and seeds ----------------------------------------------------------------------
+
 
 def pick_device(preferred: str | None = None, *, verbose: bool = True) -> torch.device:
     """CUDA if available, then Apple MPS, then CPU (or ``preferred``); printed when verbose."""
@@ -166,15 +181,21 @@ def _progress_bar(total: int, desc: str | None, enabled: bool):
 
 # --- model construction ----------------------------------------------------------------
 
+
 def build_model(position: str, config: Config, **kwargs) -> TinyLM:
     """A :class:`TinyLM` sized by ``config``; extra keyword arguments go to TinyLM."""
     return TinyLM(
-        dim=config.dim, depth=config.depth, heads=config.heads, position=position,
-        train_len=config.train_len, **kwargs,
+        dim=config.dim,
+        depth=config.depth,
+        heads=config.heads,
+        position=position,
+        train_len=config.train_len,
+        **kwargs,
     )
 
 
 # --- training ------------------------------------------------------------------------------
+
 
 def _lr_at(step: int, config: Config, steps: int) -> float:
     """Linear warm-up, then cosine decay to 10 % of the peak."""
@@ -232,10 +253,14 @@ def train_lm(
                 bar.set_postfix(bits=f"{losses[-1]:.3f}", refresh=False)
     wall = time.perf_counter() - start
     model.eval()
-    tail = losses[-max(1, min(20, steps)):]
+    tail = losses[-max(1, min(20, steps)) :]
     return {
-        "steps": steps, "tokens": tokens, "wall_s": wall, "tokens_per_s": tokens / max(wall, 1e-9),
-        "losses": losses, "final_loss_bits": sum(tail) / len(tail),
+        "steps": steps,
+        "tokens": tokens,
+        "wall_s": wall,
+        "tokens_per_s": tokens / max(wall, 1e-9),
+        "losses": losses,
+        "final_loss_bits": sum(tail) / len(tail),
     }
 
 
@@ -254,12 +279,15 @@ def _optimizer(model: torch.nn.Module, config: Config) -> torch.optim.Optimizer:
             continue
         is_bias_module = name.startswith("bias.") or ".bias." in name
         (decay if p.dim() == 2 and not is_bias_module else no_decay).append(p)
-    groups = [{"params": decay, "weight_decay": config.weight_decay},
-              {"params": no_decay, "weight_decay": 0.0}]
+    groups = [
+        {"params": decay, "weight_decay": config.weight_decay},
+        {"params": no_decay, "weight_decay": 0.0},
+    ]
     return torch.optim.AdamW(groups, lr=config.lr, betas=(0.9, 0.95))
 
 
 # --- evaluation ----------------------------------------------------------------------------
+
 
 @torch.no_grad()
 def evaluate_lengths(
@@ -280,8 +308,7 @@ def evaluate_lengths(
     (mean bits at each position inside the window).
     """
     factors = tuple(config.eval_factors if factors is None else factors)
-    if not factors or any(isinstance(f, bool) or not isinstance(f, int) or f < 1
-                          for f in factors):
+    if not factors or any(isinstance(f, bool) or not isinstance(f, int) or f < 1 for f in factors):
         raise ValueError(f"factors must be integers >= 1, got {factors!r}")
     device = torch.device(device) if device is not None else next(model.parameters()).device
     longest = max(factors) * config.train_len
@@ -292,11 +319,15 @@ def evaluate_lengths(
         length = factor * config.train_len
         x, y = eval_windows(data, length, num_tokens)
         per_pos = _loss_by_position(model, x, y, config.eval_batch_size, device)
-        rows.append({
-            "factor": factor, "length": length, "windows": int(x.shape[0]),
-            "bpb": float(per_pos.mean()),
-            "loss_by_position": [round(v, 4) for v in per_pos.tolist()],
-        })
+        rows.append(
+            {
+                "factor": factor,
+                "length": length,
+                "windows": int(x.shape[0]),
+                "bpb": float(per_pos.mean()),
+                "loss_by_position": [round(v, 4) for v in per_pos.tolist()],
+            }
+        )
     return rows
 
 
@@ -310,7 +341,7 @@ def _loss_by_position(model, x, y, batch_size, device) -> torch.Tensor:
     """Mean loss in bits at each window position, over all windows."""
     total = torch.zeros(x.shape[1], dtype=torch.float64)
     for start in range(0, x.shape[0], batch_size):
-        xb, yb = x[start:start + batch_size].to(device), y[start:start + batch_size].to(device)
+        xb, yb = x[start : start + batch_size].to(device), y[start : start + batch_size].to(device)
         with _autocast(device):
             logits = model(xb)
         loss = torch.nn.functional.cross_entropy(
@@ -324,6 +355,7 @@ def _loss_by_position(model, x, y, batch_size, device) -> torch.Tensor:
 
 # --- the recall probe --------------------------------------------------------------------
 
+
 def probe_batches(config: Config, *, max_distance: int | None = None):
     """Training batches for the recall probe: distances uniform in 1..max_distance.
 
@@ -334,8 +366,11 @@ def probe_batches(config: Config, *, max_distance: int | None = None):
     def batch(gen):
         dist = torch.randint(1, max_distance + 1, (config.probe_batch_size,), generator=gen)
         return make_recall_batch(
-            config.probe_batch_size, config.train_len, dist,
-            num_pairs=config.probe_num_pairs, num_distractors=config.probe_distractors,
+            config.probe_batch_size,
+            config.train_len,
+            dist,
+            num_pairs=config.probe_num_pairs,
+            num_distractors=config.probe_distractors,
             generator=gen,
         )
 
@@ -377,20 +412,28 @@ def evaluate_retrieval(
     model.to(device).eval()
     rows = []
     for d in distances:
-        x, y = make_recall_batch(samples, seq_len, d, num_pairs=config.probe_num_pairs,
-                                 num_distractors=config.probe_distractors, generator=gen)
+        x, y = make_recall_batch(
+            samples,
+            seq_len,
+            d,
+            num_pairs=config.probe_num_pairs,
+            num_distractors=config.probe_distractors,
+            generator=gen,
+        )
         correct = 0
         for start in range(0, samples, config.eval_batch_size * 4):
-            xb = x[start:start + config.eval_batch_size * 4].to(device)
+            xb = x[start : start + config.eval_batch_size * 4].to(device)
             with _autocast(device):
                 pred = model(xb)[:, -1].argmax(-1).cpu()
-            correct += int((pred == y[start:start + xb.shape[0], -1]).sum())
-        rows.append({"length": seq_len, "distance": d, "accuracy": correct / samples,
-                     "samples": samples})
+            correct += int((pred == y[start : start + xb.shape[0], -1]).sum())
+        rows.append(
+            {"length": seq_len, "distance": d, "accuracy": correct / samples, "samples": samples}
+        )
     return rows
 
 
 # --- results and provenance ------------------------------------------------------------------
+
 
 def provenance(config: Config, device, *, wall_s: float | None = None) -> dict:
     """Where a result came from: config, device, versions, commit, time, wall time."""
@@ -414,12 +457,14 @@ def _git_commit() -> str | None:
     """The repository's HEAD commit (with ``+dirty`` when the tree has changes), or None."""
     here = Path(__file__).resolve().parent
     try:
-        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True,
-                              text=True, timeout=10)
+        head = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, timeout=10
+        )
         if head.returncode != 0:
             return None
-        dirty = subprocess.run(["git", "status", "--porcelain"], cwd=here, capture_output=True,
-                               text=True, timeout=10)
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain"], cwd=here, capture_output=True, text=True, timeout=10
+        )
         return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
     except (OSError, subprocess.SubprocessError):
         return None
@@ -450,9 +495,11 @@ def load_results(path_or_name) -> dict:
 
 # --- learned-bias read-back ------------------------------------------------------------
 
+
 @torch.no_grad()
-def learned_bias(model_or_bias, max_offset: int, *, query_position: int | None = None,
-                 layer: int = 0) -> torch.Tensor:
+def learned_bias(
+    model_or_bias, max_offset: int, *, query_position: int | None = None, layer: int = 0
+) -> torch.Tensor:
     """PE at offsets ``0 .. max_offset`` for each head, as a float32 CPU tensor
     ``[num_heads, max_offset + 1]``.
 
@@ -487,6 +534,7 @@ def learned_bias(model_or_bias, max_offset: int, *, query_position: int | None =
 
 # --- plots -------------------------------------------------------------------------------
 
+
 def plot_results(results: dict, path=None, *, factor: int | None = None):
     """Plot any result of :mod:`relbias.experiments`; save to ``path`` if given.
 
@@ -518,8 +566,10 @@ def plot_results(results: dict, path=None, *, factor: int | None = None):
 def _title(results: dict) -> str:
     prov = results.get("provenance", {})
     cfg = prov.get("config", {})
-    return (f"{results.get('kind')} - config {cfg.get('name')}, train_len {cfg.get('train_len')}, "
-            f"{cfg.get('steps')} steps, {prov.get('device')}")
+    return (
+        f"{results.get('kind')} - config {cfg.get('name')}, train_len {cfg.get('train_len')}, "
+        f"{cfg.get('steps')} steps, {prov.get('device')}"
+    )
 
 
 def _style(name: str) -> dict:
@@ -530,8 +580,12 @@ def _style(name: str) -> dict:
 
     colors = [*matplotlib.colormaps["tab10"].colors, "black"]
     index = POSITION_NAMES.index(name) if name in POSITION_NAMES else 0
-    return {"linestyle": "--" if name in BASELINE_POSITIONS else "-", "marker": "o",
-            "markersize": 3, "color": colors[index % len(colors)]}
+    return {
+        "linestyle": "--" if name in BASELINE_POSITIONS else "-",
+        "marker": "o",
+        "markersize": 3,
+        "color": colors[index % len(colors)],
+    }
 
 
 def plot_extrapolation(results: dict, ax=None):
@@ -550,8 +604,7 @@ def plot_extrapolation(results: dict, ax=None):
     return ax
 
 
-def plot_loss_by_position(results: dict, factor: int | None = None, ax=None, *,
-                          window: int = 16):
+def plot_loss_by_position(results: dict, factor: int | None = None, ax=None, *, window: int = 16):
     """Loss (bits) against position in the window at one length, smoothed over ``window``."""
     import matplotlib.pyplot as plt
 
@@ -561,8 +614,14 @@ def plot_loss_by_position(results: dict, factor: int | None = None, ax=None, *,
         row = rows[-1] if factor is None else next(r for r in rows if r["factor"] == factor)
         y = np.convolve(row["loss_by_position"], np.ones(window) / window, mode="valid")
         style = _style(name)
-        ax.plot(np.arange(len(y)) + window - 1, y, label=name, lw=1,
-                linestyle=style["linestyle"], color=style["color"])
+        ax.plot(
+            np.arange(len(y)) + window - 1,
+            y,
+            label=name,
+            lw=1,
+            linestyle=style["linestyle"],
+            color=style["color"],
+        )
     ax.axvline(results["provenance"]["config"]["train_len"], color="grey", lw=0.8)
     ax.set_xlabel(f"position in the window (length {row['length']}, mean of {window})")
     ax.set_ylabel("bits per byte")
@@ -577,8 +636,9 @@ def plot_retrieval(results: dict, length: int | None = None, ax=None):
     ax = ax or plt.gca()
     for name, res in results["methods"].items():
         rows = [r for r in res["eval"] if length is None or r["length"] == length]
-        ax.plot([r["distance"] for r in rows], [r["accuracy"] for r in rows], label=name,
-                **_style(name))
+        ax.plot(
+            [r["distance"] for r in rows], [r["accuracy"] for r in rows], label=name, **_style(name)
+        )
     ax.axvline(results["provenance"]["config"]["train_len"] - 2, color="grey", lw=0.8)
     ax.axhline(0.1, color="grey", lw=0.8, linestyle=":")
     ax.set_xscale("log", base=2)
@@ -592,12 +652,20 @@ def plot_retrieval(results: dict, length: int | None = None, ax=None):
 
 def learned_bias_from_results(results: dict) -> dict:
     """The read-back stored in an extrapolation result: ``{method: tensor [heads, offsets]}``."""
-    return {name: torch.tensor(rec["learned_bias"]["values"])
-            for name, rec in results["methods"].items() if rec.get("learned_bias")}
+    return {
+        name: torch.tensor(rec["learned_bias"]["values"])
+        for name, rec in results["methods"].items()
+        if rec.get("learned_bias")
+    }
 
 
-def plot_learned_bias(biases: dict, max_offset: int, *, train_len: int | None = None,
-                      query_position: int | None = None):
+def plot_learned_bias(
+    biases: dict,
+    max_offset: int,
+    *,
+    train_len: int | None = None,
+    query_position: int | None = None,
+):
     """One panel per family: PE against offset, one line per head.
 
     ``biases`` maps a name to a TinyLM, a RelativeBias or an already read-back tensor
@@ -610,8 +678,11 @@ def plot_learned_bias(biases: dict, max_offset: int, *, train_len: int | None = 
     rows = math.ceil(n / cols)
     fig, axes = plt.subplots(rows, cols, figsize=(3.4 * cols, 2.8 * rows), squeeze=False)
     for ax, (name, item) in zip(axes.flat, biases.items()):
-        table = item if isinstance(item, torch.Tensor) else learned_bias(
-            item, max_offset, query_position=query_position)
+        table = (
+            item
+            if isinstance(item, torch.Tensor)
+            else learned_bias(item, max_offset, query_position=query_position)
+        )
         for h, line in enumerate(table):
             ax.plot(range(table.shape[1]), line.numpy(), lw=1, label=f"head {h}")
         if train_len is not None:

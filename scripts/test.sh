@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Everything CI checks, in order: set-up (idempotent), ruff, the book build
+# Everything CI checks, in order: set-up (idempotent), ruff (lint and format), the book build
 # (the browser test reads _build/html), then ONE pytest run over tests/ and the
 # notebooks in book/ (validated with nbval). Extra arguments go to pytest.
 set -euo pipefail
@@ -12,8 +12,9 @@ bash scripts/setup.sh
 export RELBIAS_SETUP_DONE=1
 echo "[test] set-up done in $((SECONDS - start)) s"
 
-echo "[test] ruff check"
+echo "[test] ruff check, ruff format --check"
 .venv/bin/ruff check .
+.venv/bin/ruff format --check .
 
 if [[ -f _toc.yml ]]; then
     t0=$SECONDS

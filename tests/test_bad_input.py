@@ -28,8 +28,17 @@ FAMILIES = list(FAMILY_KWARGS)
 
 
 @pytest.mark.parametrize("name", FAMILIES)
-@pytest.mark.parametrize("heads,error", [(0, ValueError), (-2, ValueError), (2.0, TypeError),
-                                         ("4", TypeError), (True, TypeError), (None, TypeError)])
+@pytest.mark.parametrize(
+    "heads,error",
+    [
+        (0, ValueError),
+        (-2, ValueError),
+        (2.0, TypeError),
+        ("4", TypeError),
+        (True, TypeError),
+        (None, TypeError),
+    ],
+)
 def test_bad_head_counts(name, heads, error):
     with pytest.raises(error, match="num_heads"):
         make_bias(name, heads, **FAMILY_KWARGS[name])
@@ -141,8 +150,10 @@ def test_smallest_valid_bucket_settings_work():
 # -- family-specific settings ---------------------------------------------------------------
 
 
-@pytest.mark.parametrize("dim,error", [(3, ValueError), (127, ValueError), (0, ValueError),
-                                       (-4, ValueError), (64.0, TypeError)])
+@pytest.mark.parametrize(
+    "dim,error",
+    [(3, ValueError), (127, ValueError), (0, ValueError), (-4, ValueError), (64.0, TypeError)],
+)
 def test_sandwich_dim(dim, error):
     with pytest.raises(error, match="dim"):
         Sandwich(2, dim=dim)
@@ -239,7 +250,7 @@ def test_attention_q_k_v_types_and_shapes():
         biased_attention(q, k, v, causal="yes")
 
 
-@pytest.mark.parametrize("shape", [(3, 4, 5), (2, 4, 6), (4, 4, 6), (1, 2, 3, 4, 6), (6,  4)])
+@pytest.mark.parametrize("shape", [(3, 4, 5), (2, 4, 6), (4, 4, 6), (1, 2, 3, 4, 6), (6, 4)])
 def test_attention_tensor_bias_must_broadcast(shape):
     with pytest.raises(ValueError, match="bias of shape"):
         biased_attention(*qkv(), torch.zeros(shape))
@@ -264,8 +275,9 @@ def test_attention_module_bias_checks():
 
 
 @pytest.mark.parametrize("name", FAMILIES)
-@pytest.mark.parametrize("q_len,k_len,q_start", [(0, None, None), (0, 7, None), (3, 0, 0),
-                                                  (0, 0, 5)])
+@pytest.mark.parametrize(
+    "q_len,k_len,q_start", [(0, None, None), (0, 7, None), (3, 0, 0), (0, 0, 5)]
+)
 def test_zero_length_returns_empty(name, q_len, k_len, q_start):
     out = build(name)(q_len, k_len, q_start=q_start)
     expected_k = q_len if k_len is None else k_len

@@ -14,11 +14,24 @@ pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")  # x-trans
 @pytest.mark.reference
 def test_bench_cli_writes_json(tmp_path, capsys):
     out = tmp_path / "bench.json"
-    code = bench.main([
-        "--lengths", "32,48", "--families", "alibi,t5,kerple_log",
-        "--methods", "sdpa,materialize,table,xt,hf_t5", "--repeats", "1",
-        "--backward-max", "32", "--threads", "1", "--out", str(out),
-    ])
+    code = bench.main(
+        [
+            "--lengths",
+            "32,48",
+            "--families",
+            "alibi,t5,kerple_log",
+            "--methods",
+            "sdpa,materialize,table,xt,hf_t5",
+            "--repeats",
+            "1",
+            "--backward-max",
+            "32",
+            "--threads",
+            "1",
+            "--out",
+            str(out),
+        ]
+    )
     assert code == 0
     printed = capsys.readouterr().out
     assert "Forward time" in printed and "Peak memory" in printed and f"wrote {out}" in printed
@@ -93,8 +106,24 @@ def test_table_tiles_script_runs_and_restores_settings(capsys):
     from relbias import flex
 
     before = flex.TILE_ROWS, flex.STRIP_ROWS
-    code = _table_tiles().main(["--n", "40", "--tile", "16", "--strip", "8", "--rounds", "1",
-                                "--heads", "2", "--head-dim", "8", "--families", "alibi"])
+    code = _table_tiles().main(
+        [
+            "--n",
+            "40",
+            "--tile",
+            "16",
+            "--strip",
+            "8",
+            "--rounds",
+            "1",
+            "--heads",
+            "2",
+            "--head-dim",
+            "8",
+            "--families",
+            "alibi",
+        ]
+    )
     assert code == 0
     printed = capsys.readouterr().out
     for name in ("floor", "alibi tiles", "alibi blocks of 256"):
@@ -102,11 +131,14 @@ def test_table_tiles_script_runs_and_restores_settings(capsys):
     assert (flex.TILE_ROWS, flex.STRIP_ROWS) == before
 
 
-@pytest.mark.parametrize("argv,message", [
-    (["--tile", "100", "--strip", "30"], "multiple of --strip"),
-    (["--n", "0"], "--n must be >= 1"),
-    (["--families", "fire"], "invalid choice"),
-])
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (["--tile", "100", "--strip", "30"], "multiple of --strip"),
+        (["--n", "0"], "--n must be >= 1"),
+        (["--families", "fire"], "invalid choice"),
+    ],
+)
 def test_table_tiles_script_rejects_bad_arguments(argv, message, capsys):
     with pytest.raises(SystemExit) as err:
         _table_tiles().main(argv)

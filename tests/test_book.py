@@ -30,8 +30,12 @@ ARTIFACTS = ROOT / "artifacts"
 
 # nbval's markers: cell tags and comment lines that skip a cell or ignore its output.
 NBVAL_TAGS = {"nbval-skip", "nbval-ignore-output", "raises-exception", "nbval-check-output"}
-NBVAL_COMMENTS = ("# NBVAL_SKIP", "# NBVAL_IGNORE_OUTPUT", "# NBVAL_RAISES_EXCEPTION",
-                  "# PYTEST_VALIDATE_IGNORE_OUTPUT")
+NBVAL_COMMENTS = (
+    "# NBVAL_SKIP",
+    "# NBVAL_IGNORE_OUTPUT",
+    "# NBVAL_RAISES_EXCEPTION",
+    "# PYTEST_VALIDATE_IGNORE_OUTPUT",
+)
 # Only training demos are marked: their numbers depend on the machine's float rounding
 # (thread count, instruction set), so the cell that trains and shows them is not compared
 # and the next cell asserts the claim. At most two such cells per chapter, 14 in all.
@@ -100,22 +104,28 @@ def output_text(output: dict) -> str:
 
 # --- the table of contents -------------------------------------------------------------------
 
+
 def test_config_and_toc_are_at_the_top_level():
     assert (ROOT / "_config.yml").is_file() and (ROOT / "_toc.yml").is_file()
     assert (ROOT / "references.bib").is_file()
 
 
 def test_every_toc_entry_exists():
-    missing = [e for e in toc_entries()
-               if not any((ROOT / f"{e.removesuffix('.ipynb')}{s}").is_file()
-                          for s in (".ipynb", ".md"))]
+    missing = [
+        e
+        for e in toc_entries()
+        if not any((ROOT / f"{e.removesuffix('.ipynb')}{s}").is_file() for s in (".ipynb", ".md"))
+    ]
     assert not missing, f"_toc.yml lists files that do not exist: {missing}"
 
 
 def test_every_notebook_is_in_the_toc():
     listed = {e.removesuffix(".ipynb") for e in toc_entries()}
-    absent = [p.relative_to(ROOT).as_posix() for p in NOTEBOOKS
-              if p.relative_to(ROOT).with_suffix("").as_posix() not in listed]
+    absent = [
+        p.relative_to(ROOT).as_posix()
+        for p in NOTEBOOKS
+        if p.relative_to(ROOT).with_suffix("").as_posix() not in listed
+    ]
     assert not absent, f"notebooks in book/ missing from _toc.yml: {absent}"
 
 
@@ -125,6 +135,7 @@ def test_toc_has_no_duplicates():
 
 
 # --- _config.yml -------------------------------------------------------------------------------
+
 
 def test_config_essentials():
     cfg = config()
@@ -152,6 +163,7 @@ def test_mathjax_is_served_by_the_book():
 
 
 # --- conventions of every chapter --------------------------------------------------------------
+
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=NOTEBOOK_IDS)
 def test_first_code_cell_installs_relbias_only_in_colab(path):
@@ -193,12 +205,14 @@ def test_chapter_has_an_explorer_and_a_static_figure(path):
     """Sliders for a live kernel, and a PNG figure for the static book."""
     nb = load(path)
     assert any("nb.explorer(" in source(c) for c in code_cells(nb)), "no explorer"
-    pngs = [o for c in code_cells(nb) for o in c.get("outputs", [])
-            if "image/png" in o.get("data", {})]
+    pngs = [
+        o for c in code_cells(nb) for o in c.get("outputs", []) if "image/png" in o.get("data", {})
+    ]
     assert pngs, "no figure in the stored outputs"
 
 
 # --- stored outputs ----------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=NOTEBOOK_IDS)
 def test_outputs_are_one_clean_run(path):
@@ -208,8 +222,9 @@ def test_outputs_are_one_clean_run(path):
         f"execution counts {counts}: store the outputs of one top-to-bottom run "
         f"(python -m relbias.notebook execute {path.relative_to(ROOT)})"
     )
-    errors = [i for i, c in enumerate(cells)
-              for o in c.get("outputs", []) if o["output_type"] == "error"]
+    errors = [
+        i for i, c in enumerate(cells) for o in c.get("outputs", []) if o["output_type"] == "error"
+    ]
     assert not errors, f"code cells {errors} stored an error"
 
 
@@ -291,14 +306,18 @@ def test_citations_resolve(path):
 
 # --- nbval ---------------------------------------------------------------------------------------
 
+
 def nbval_marked_cells() -> list[tuple[str, int, str]]:
     """(notebook, code-cell index, marker) for every cell nbval skips or does not compare."""
     found = []
     for path in NOTEBOOKS:
         for i, cell in enumerate(code_cells(load(path))):
             tags = set(cell.get("metadata", {}).get("tags", [])) & NBVAL_TAGS
-            comments = {line.strip() for line in source(cell).splitlines()
-                        if line.strip().startswith(NBVAL_COMMENTS)}
+            comments = {
+                line.strip()
+                for line in source(cell).splitlines()
+                if line.strip().startswith(NBVAL_COMMENTS)
+            }
             for marker in sorted(tags | comments):
                 found.append((path.name, i, marker))
     return found
@@ -342,6 +361,7 @@ def test_sanitize_file_is_valid():
 
 # --- the notebook helpers (relbias.notebook) ---------------------------------------------------
 
+
 def test_show_source_shows_the_real_source():
     import inspect
 
@@ -361,11 +381,14 @@ def test_show_source_shows_the_real_source():
     assert decorated.startswith("`relbias.kerple._Kerple.project_`, from `relbias/kerple.py`")
 
 
-@pytest.mark.parametrize("name,first,last", [
-    ("OffsetBias", "struct OffsetBias {", "};"),
-    ("attend_block", "template <typename Bias>", "}"),
-    ("max_of", "inline float max_of(const float* s, int64_t n) {", "}"),
-])
+@pytest.mark.parametrize(
+    "name,first,last",
+    [
+        ("OffsetBias", "struct OffsetBias {", "};"),
+        ("attend_block", "template <typename Bias>", "}"),
+        ("max_of", "inline float max_of(const float* s, int64_t n) {", "}"),
+    ],
+)
 def test_show_cpp_shows_one_whole_definition(name, first, last):
     """The C++ shown in the book is a whole definition cut from the kernel's real source."""
     from relbias import fused
@@ -382,8 +405,20 @@ def test_show_cpp_shows_one_whole_definition(name, first, last):
         nb.show_cpp("nothing")
 
 
-@pytest.mark.parametrize("text", ["20, 80, 320, 1280", "2.00, 1.68", "1.0", "7", "2^-8",
-                                  "alibi, t5", "[1, 2]", "'quoted'", "None"])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "20, 80, 320, 1280",
+        "2.00, 1.68",
+        "1.0",
+        "7",
+        "2^-8",
+        "alibi, t5",
+        "[1, 2]",
+        "'quoted'",
+        "None",
+    ],
+)
 def test_glued_text_is_pasted_unchanged(text):
     """myst-nb literal_evals pasted text; nb.glue quotes what it would change."""
     from myst_nb.core.variables import format_plain_text
@@ -398,10 +433,15 @@ def test_show_table_and_glue_values():
 
     from relbias import notebook as nb
 
-    table = nb.show_table([[1, 2.5], [torch.tensor(3), torch.tensor(0.125)]], ["a", "b"],
-                          display=False)
-    assert table.markdown.splitlines() == ["| a | b |", "|---:|---:|", "| 1 | 2.500 |",
-                                           "| 3 | 0.125 |"]
+    table = nb.show_table(
+        [[1, 2.5], [torch.tensor(3), torch.tensor(0.125)]], ["a", "b"], display=False
+    )
+    assert table.markdown.splitlines() == [
+        "| a | b |",
+        "|---:|---:|",
+        "| 1 | 2.500 |",
+        "| 3 | 0.125 |",
+    ]
     with pytest.raises(ValueError, match="one value per header"):
         nb.show_table([[1]], ["a", "b"], display=False)
     assert nb._plain(torch.tensor(5)) == 5 and repr(nb._Text("abc")) == "abc"

@@ -151,7 +151,7 @@ def _context(text: str, needles) -> list[str]:
     out = []
     for needle in needles:
         at = text.find(needle)
-        out.append(text[max(at - 60, 0): at + 60].replace("\n", " "))
+        out.append(text[max(at - 60, 0) : at + 60].replace("\n", " "))
     return out
 
 
@@ -201,7 +201,9 @@ def test_chapter_page_in_chromium(browser, server, page_name):
         notebook = f"{page_name}.ipynb"
         if (ROOT / notebook).is_file():
             hrefs = page.eval_on_selector_all("a[href]", "els => els.map(e => e.href)")
-            colab = f"https://colab.research.google.com/github/{owner}/{name}/blob/{branch}/{notebook}"
+            colab = (
+                f"https://colab.research.google.com/github/{owner}/{name}/blob/{branch}/{notebook}"
+            )
             binder = f"https://mybinder.org/v2/gh/{owner}/{name}/{branch}?urlpath=tree/{notebook}"
             assert colab in hrefs, f"no Colab launch button to {colab}"
             assert binder in hrefs, f"no Binder launch button to {binder}"

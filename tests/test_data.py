@@ -20,9 +20,15 @@ SMALL = 400_000
 @pytest.fixture
 def fake_stdlib(tmp_path):
     files = {
-        "a.py": 100, "pkg/b.py": 200, "pkg/sub/c.py": 50, "test/t.py": 10,
-        "pkg/tests/u.py": 10, "site-packages/x/y.py": 10, "idlelib/idle_test/z.py": 10,
-        "notes.txt": 10, "empty.py": 0,
+        "a.py": 100,
+        "pkg/b.py": 200,
+        "pkg/sub/c.py": 50,
+        "test/t.py": 10,
+        "pkg/tests/u.py": 10,
+        "site-packages/x/y.py": 10,
+        "idlelib/idle_test/z.py": 10,
+        "notes.txt": 10,
+        "empty.py": 0,
     }
     for rel, size in files.items():
         path = tmp_path / rel
@@ -91,8 +97,9 @@ def test_eval_windows_do_not_overlap():
 @pytest.mark.parametrize("num_pairs", [1, 4])
 def test_recall_answer_sits_at_distance(num_pairs):
     dist = torch.tensor([1, 5, 17, 30])
-    x, y = make_recall_batch(4, 32, dist, num_pairs=num_pairs,
-                             generator=torch.Generator().manual_seed(3))
+    x, y = make_recall_batch(
+        4, 32, dist, num_pairs=num_pairs, generator=torch.Generator().manual_seed(3)
+    )
     assert (y[:, :-1] == -100).all()
     for row, target, d in zip(x, y[:, -1], dist.tolist()):
         pos = 31 - d
@@ -115,13 +122,15 @@ def test_recall_is_seeded_and_checks_distance():
 
 
 def test_recall_distractors_are_lone_digits():
-    x, y = make_recall_batch(8, 40, 10, num_pairs=2, num_distractors=5,
-                             generator=torch.Generator().manual_seed(0))
+    x, y = make_recall_batch(
+        8, 40, 10, num_pairs=2, num_distractors=5, generator=torch.Generator().manual_seed(0)
+    )
     for row, target in zip(x, y[:, -1]):
         assert sum(int(b) in VALUES for b in row) == 2 + 5
         assert int(row[-11]) == int(target) and int(row[-12]) == int(row[-1])
-        digits_after_keys = [i for i in range(1, 40) if int(row[i]) in VALUES
-                             and int(row[i - 1]) in KEYS]
+        digits_after_keys = [
+            i for i in range(1, 40) if int(row[i]) in VALUES and int(row[i - 1]) in KEYS
+        ]
         assert len(digits_after_keys) == 2
     with pytest.raises(ValueError, match="do not fit"):
         make_recall_batch(1, 10, 3, num_pairs=2, num_distractors=6, generator=torch.Generator())

@@ -47,14 +47,39 @@ def test_unwritable_out(capsys, tmp_path):
 
 
 def test_distance_beyond_longest_sequence(capsys, tmp_path):
-    err = _error(capsys, ["retrieval", "--train-len", "16", "--lengths", "1",
-                          "--distances", "4", "40", "--out", str(tmp_path)])
+    err = _error(
+        capsys,
+        [
+            "retrieval",
+            "--train-len",
+            "16",
+            "--lengths",
+            "1",
+            "--distances",
+            "4",
+            "40",
+            "--out",
+            str(tmp_path),
+        ],
+    )
     assert "--distances [40]" in err
 
 
 def test_probe_that_does_not_fit(capsys, tmp_path):
-    err = _error(capsys, ["retrieval", "--train-len", "8", "--num-pairs", "3",
-                          "--distractors", "2", "--out", str(tmp_path)])
+    err = _error(
+        capsys,
+        [
+            "retrieval",
+            "--train-len",
+            "8",
+            "--num-pairs",
+            "3",
+            "--distractors",
+            "2",
+            "--out",
+            str(tmp_path),
+        ],
+    )
     assert "do not fit" in err
     assert "integer >= 0" in _error(capsys, ["retrieval", "--distractors", "-1"])
 
@@ -66,16 +91,48 @@ def test_unknown_experiment_and_config(capsys):
 
 def test_module_entry_point_errors_without_traceback(tmp_path):
     proc = subprocess.run(
-        [sys.executable, "-m", "relbias.experiments", "extrapolation", "--methods", "nope_x",
-         "--out", str(tmp_path)], capture_output=True, text=True, timeout=120)
+        [
+            sys.executable,
+            "-m",
+            "relbias.experiments",
+            "extrapolation",
+            "--methods",
+            "nope_x",
+            "--out",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2
     assert "unknown method 'nope_x'" in proc.stderr and "Traceback" not in proc.stderr
 
 
 def test_tiny_extrapolation_run(capsys, tmp_path):
-    assert main(["extrapolation", "--methods", "alibi", "learned", "--steps", "3",
-                 "--train-len", "8", "--lengths", "1", "4", "--out", str(tmp_path),
-                 "--no-progress", "--config", "quick"]) == 0
+    assert (
+        main(
+            [
+                "extrapolation",
+                "--methods",
+                "alibi",
+                "learned",
+                "--steps",
+                "3",
+                "--train-len",
+                "8",
+                "--lengths",
+                "1",
+                "4",
+                "--out",
+                str(tmp_path),
+                "--no-progress",
+                "--config",
+                "quick",
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert "alibi" in out and "learned" in out
     results = json.loads((tmp_path / "extrapolation_quick.json").read_text())
@@ -87,11 +144,37 @@ def test_tiny_extrapolation_run(capsys, tmp_path):
 
 
 def test_tiny_retrieval_run(capsys, tmp_path):
-    assert main(["retrieval", "--methods", "t5", "--steps", "2", "--train-len", "8",
-                 "--lengths", "1", "2", "--distances", "1", "3", "10", "--out", str(tmp_path),
-                 "--no-progress"]) == 0
+    assert (
+        main(
+            [
+                "retrieval",
+                "--methods",
+                "t5",
+                "--steps",
+                "2",
+                "--train-len",
+                "8",
+                "--lengths",
+                "1",
+                "2",
+                "--distances",
+                "1",
+                "3",
+                "10",
+                "--out",
+                str(tmp_path),
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
     results = json.loads((tmp_path / "retrieval_quick.json").read_text())
     rows = results["methods"]["t5"]["eval"]
-    assert [(r["length"], r["distance"]) for r in rows] == [(8, 1), (8, 3), (16, 1), (16, 3),
-                                                          (16, 10)]
+    assert [(r["length"], r["distance"]) for r in rows] == [
+        (8, 1),
+        (8, 3),
+        (16, 1),
+        (16, 3),
+        (16, 10),
+    ]
     assert "accuracy" in capsys.readouterr().out

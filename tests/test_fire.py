@@ -72,10 +72,7 @@ def test_matches_the_formula_everywhere(c, L):
     q_len, k_len, q_start = 5, 30, 20
     got = fire(q_len, k_len, q_start=q_start)
     expected = torch.tensor(
-        [
-            [fire_formula(q_start + r, j, c, L) for j in range(k_len)]
-            for r in range(q_len)
-        ]
+        [[fire_formula(q_start + r, j, c, L) for j in range(k_len)] for r in range(q_len)]
     ).permute(2, 0, 1)
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
 

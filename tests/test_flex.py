@@ -31,8 +31,11 @@ pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")  # from co
 HEADS, DIM = 3, 16
 FAMILIES = list(FAMILY_KWARGS)
 # Causal families are built with bidirectional=False where the family has the option.
-CAUSAL_KWARGS = {"offset": {"bidirectional": False}, "t5": {"bidirectional": False},
-                 "alibi": {"bidirectional": False}}
+CAUSAL_KWARGS = {
+    "offset": {"bidirectional": False},
+    "t5": {"bidirectional": False},
+    "alibi": {"bidirectional": False},
+}
 # (q_len, k_len, q_start): queries at the end, queries inside the keys, square.
 SHAPES = [(37, 37, None), (20, 45, None), (17, 40, 9), (1, 30, None), (64, 64, 0)]
 
@@ -84,8 +87,9 @@ def test_table_backend_matches_materialise(family, causal, q_len, k_len, q_start
     bias = family_bias(family, causal)
     q, k, v = qkv(q_len, k_len)
     with torch.no_grad():
-        expected = biased_attention(q, k, v, bias, causal=causal, q_start=q_start,
-                                    backend="materialize")
+        expected = biased_attention(
+            q, k, v, bias, causal=causal, q_start=q_start, backend="materialize"
+        )
         got = biased_attention(q, k, v, bias, causal=causal, q_start=q_start, backend="table")
     assert_close(got, expected)
 
@@ -105,23 +109,27 @@ def test_table_backend_blocks(block_rows, few_operations, monkeypatch):
 
 
 TILE_SHAPES = [  # (q_len, q_start): whole tiles, a ragged tail, queries after a prefix
-    (48, 0), (53, 0), (32, 7), (70, 13), (16, 0),
+    (48, 0),
+    (53, 0),
+    (32, 7),
+    (70, 13),
+    (16, 0),
 ]
 
 
 @pytest.mark.parametrize("tile,strip", [(16, 4), (16, 16), (24, 8)])
 @pytest.mark.parametrize("q_len,q_start", TILE_SHAPES)
 @pytest.mark.parametrize("family", [name for name in FAMILIES if name != "fire"])
-def test_tiled_table_attention_matches_materialise(family, tile, strip, q_len, q_start,
-                                                   monkeypatch):
+def test_tiled_table_attention_matches_materialise(
+    family, tile, strip, q_len, q_start, monkeypatch
+):
     """Causal tiles (past keys + the tile's own triangle, joined by log-sum-exp) equal the
     materialised path for every offset-only family, batch 2, with and without a prefix."""
     monkeypatch.setattr(flex, "TILE_ROWS", tile)
     monkeypatch.setattr(flex, "STRIP_ROWS", strip)
     calls = []
     tiled = flex._tiled_table_attention
-    monkeypatch.setattr(flex, "_tiled_table_attention",
-                        lambda *a: calls.append(1) or tiled(*a))
+    monkeypatch.setattr(flex, "_tiled_table_attention", lambda *a: calls.append(1) or tiled(*a))
     bias = family_bias(family, True)
     q, k, v = qkv(q_len, q_start + q_len)
     with torch.no_grad():
@@ -175,8 +183,7 @@ def test_folded_fire_mlp_is_the_same_function(causal, seed):
     x_max = 1.0 if causal else float(prepared.psi_table.max() / prepared.denominator.min())
     assert w1.shape[0] <= 16
     x = torch.linspace(0, x_max, 2001)
-    folded = (x[:, None] * slope + intercept
-              + torch.relu(x[:, None] * w1 + b1) @ w2.T).T
+    folded = (x[:, None] * slope + intercept + torch.relu(x[:, None] * w1 + b1) @ w2.T).T
     with torch.no_grad():
         torch.testing.assert_close(folded, prepared._mlp(x), rtol=1e-5, atol=1e-5)
     if causal:  # every x a causal attention meets lies in [0, 1]
@@ -208,8 +215,9 @@ def test_table_backend_gradients_match_materialise():
             q, k, v = qkv(12, 20, grad=True)
             bias.zero_grad()
             biased_attention(q, k, v, bias, backend=backend).square().sum().backward()
-            grads[backend] = [q.grad, k.grad, v.grad] + [p.grad for p in bias.parameters()
-                                                         if p.grad is not None]
+            grads[backend] = [q.grad, k.grad, v.grad] + [
+                p.grad for p in bias.parameters() if p.grad is not None
+            ]
         for a, b in zip(grads["materialize"], grads["table"], strict=True):
             torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
 
@@ -243,10 +251,12 @@ def test_flex_matches_materialise(causal, q_len, k_len, q_start):
     for name in families:
         bias = family_bias(name, causal)
         with torch.no_grad():
-            expected = biased_attention(q, k, v, bias, causal=causal, q_start=q_start,
-                                        backend="materialize")
-            got, backend = biased_attention(q, k, v, bias, causal=causal, q_start=q_start,
-                                            backend="flex", return_backend=True)
+            expected = biased_attention(
+                q, k, v, bias, causal=causal, q_start=q_start, backend="materialize"
+            )
+            got, backend = biased_attention(
+                q, k, v, bias, causal=causal, q_start=q_start, backend="flex", return_backend=True
+            )
         assert backend == "flex" == last_backend()
         assert_close(got, expected)
 
@@ -273,14 +283,16 @@ def test_flex_refuses_cpu_gradients():
         biased_attention(q, k, v, relbias.ALiBi(HEADS), q_start=20, backend="flex")
 
 
-@pytest.mark.parametrize("q_len,k_len,q_start", [(300, 300, 0), (100, 300, 200),
-                                                 (130, 260, 7), (1, 129, 128)])
+@pytest.mark.parametrize(
+    "q_len,k_len,q_start", [(300, 300, 0), (100, 300, 200), (130, 260, 7), (1, 129, 128)]
+)
 def test_causal_block_mask_matches_create_block_mask(q_len, k_len, q_start):
     from torch.nn.attention.flex_attention import create_block_mask
 
     ours = causal_block_mask(q_len, k_len, q_start, "cpu")
-    theirs = create_block_mask(lambda b, h, i, j: i + q_start >= j, None, None, q_len, k_len,
-                               device="cpu")
+    theirs = create_block_mask(
+        lambda b, h, i, j: i + q_start >= j, None, None, q_len, k_len, device="cpu"
+    )
     assert torch.equal(ours.to_dense(), theirs.to_dense())
     i = torch.arange(q_start, q_start + q_len)[:, None]
     j = torch.arange(k_len)[None, :]
@@ -315,8 +327,7 @@ def test_auto_materialises(case):
     q, k, v = qkv(10, 10, dtype=torch.float64 if case == "float64" else torch.float32)
     bias = {"tensor": torch.randn(HEADS, 10, 10), "none": None}.get(case, relbias.ALiBi(HEADS))
     with torch.no_grad():
-        out = biased_attention(q, k, v, bias, return_weights=case == "weights",
-                               return_backend=True)
+        out = biased_attention(q, k, v, bias, return_weights=case == "weights", return_backend=True)
     assert out[-1] == "materialize" == last_backend()
     assert len(out) == (3 if case == "weights" else 2)
 

@@ -24,13 +24,23 @@ pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")  # torch.c
 
 HEADS, DIM = 3, 16
 FAMILIES = list(FAMILY_KWARGS)
-CAUSAL_KWARGS = {"offset": {"bidirectional": False}, "t5": {"bidirectional": False},
-                 "alibi": {"bidirectional": False}}
+CAUSAL_KWARGS = {
+    "offset": {"bidirectional": False},
+    "t5": {"bidirectional": False},
+    "alibi": {"bidirectional": False},
+}
 # (q_len, k_len, q_start): queries at the end, queries inside the keys (causal: keys
 # after the last query, never seen), square, one query, and enough rows and keys for
 # several blocks of both kinds at the small block sizes below.
-SHAPES = [(37, 37, None), (20, 45, None), (17, 40, 9), (1, 30, None), (64, 64, 0),
-          (150, 300, None), (90, 90, 0)]
+SHAPES = [
+    (37, 37, None),
+    (20, 45, None),
+    (17, 40, 9),
+    (1, 30, None),
+    (64, 64, 0),
+    (150, 300, None),
+    (90, 90, 0),
+]
 BLOCKS = [(128, 512), (8, 16), (5, 7), (1, 1)]
 
 
@@ -39,9 +49,11 @@ def family_bias(name: str, causal: bool):
 
 
 def qkv(q_len, k_len, *, batch=2, dim=DIM, v_dim=DIM, dtype=torch.float32):
-    return (torch.randn(batch, HEADS, q_len, dim, dtype=dtype),
-            torch.randn(batch, HEADS, k_len, dim, dtype=dtype),
-            torch.randn(batch, HEADS, k_len, v_dim, dtype=dtype))
+    return (
+        torch.randn(batch, HEADS, q_len, dim, dtype=dtype),
+        torch.randn(batch, HEADS, k_len, dim, dtype=dtype),
+        torch.randn(batch, HEADS, k_len, v_dim, dtype=dtype),
+    )
 
 
 def assert_close(actual, expected):
@@ -70,8 +82,9 @@ def test_fused_matches_materialise(family, causal, q_len, k_len, q_start, blocks
     bias = family_bias(family, causal)
     q, k, v = qkv(q_len, k_len)
     with torch.no_grad():
-        expected = biased_attention(q, k, v, bias, causal=causal, q_start=q_start,
-                                    backend="materialize")
+        expected = biased_attention(
+            q, k, v, bias, causal=causal, q_start=q_start, backend="materialize"
+        )
         got = biased_attention(q, k, v, bias, causal=causal, q_start=q_start, backend="fused")
     assert last_backend() == "fused"
     assert_close(got, expected)
@@ -102,8 +115,9 @@ def test_fused_random_shapes_and_blocks(seed, monkeypatch):
     bias = family_bias(family, causal)
     q, k, v = qkv(q_len, k_len, batch=rng.randint(1, 3), dim=dim, v_dim=v_dim)
     with torch.no_grad():
-        expected = biased_attention(q, k, v, bias, causal=causal, q_start=q_start,
-                                    backend="materialize")
+        expected = biased_attention(
+            q, k, v, bias, causal=causal, q_start=q_start, backend="materialize"
+        )
         got = biased_attention(q, k, v, bias, causal=causal, q_start=q_start, backend="fused")
     assert_close(got, expected)
 
@@ -115,8 +129,9 @@ def test_fused_takes_any_memory_layout():
     assert not q.is_contiguous()
     with torch.no_grad():
         got = biased_attention(q, k, v, bias, backend="fused")
-        expected = biased_attention(q.contiguous(), k.contiguous(), v.contiguous(), bias,
-                                    backend="materialize")
+        expected = biased_attention(
+            q.contiguous(), k.contiguous(), v.contiguous(), bias, backend="materialize"
+        )
     assert_close(got, expected)
 
 
@@ -157,8 +172,7 @@ def test_auto_takes_the_fused_kernel_on_the_cpu_without_gradients(family):
         assert biased_attention(q, k, v, bias, return_backend=True)[1] == "fused"
     # bfloat16: the kernel is float32 only, the table path takes it
     with torch.no_grad():
-        _, backend = biased_attention(*(t.bfloat16() for t in (q, k, v)), bias,
-                                      return_backend=True)
+        _, backend = biased_attention(*(t.bfloat16() for t in (q, k, v)), bias, return_backend=True)
     assert backend == "table"
 
 
@@ -193,8 +207,9 @@ def test_fused_refuses_what_it_cannot_compute():
         biased_attention(q, k, v, relbias.ALiBi(HEADS), backend="fused")
     with torch.no_grad():
         with pytest.raises(RuntimeError, match="float32 only"):
-            biased_attention(*(t.double() for t in (q, k, v)), relbias.ALiBi(HEADS),
-                             backend="fused")
+            biased_attention(
+                *(t.double() for t in (q, k, v)), relbias.ALiBi(HEADS), backend="fused"
+            )
         with pytest.raises(ValueError, match="needs a bias"):
             biased_attention(q, k, v, None, backend="fused")
         with pytest.raises(ValueError, match="dense tensor"):
@@ -202,8 +217,7 @@ def test_fused_refuses_what_it_cannot_compute():
         with pytest.raises(ValueError, match="bidirectional"):
             biased_attention(q, k, v, relbias.ALiBi(HEADS), causal=False, backend="fused")
         with pytest.raises(ValueError, match="return_weights"):
-            biased_attention(q, k, v, relbias.ALiBi(HEADS), backend="fused",
-                             return_weights=True)
+            biased_attention(q, k, v, relbias.ALiBi(HEADS), backend="fused", return_weights=True)
 
 
 def test_the_kernel_checks_its_own_inputs():
@@ -214,8 +228,7 @@ def test_the_kernel_checks_its_own_inputs():
     with pytest.raises(RuntimeError, match="does not cover"):
         ops.offset_attention(q, k, v, torch.zeros(HEADS, 5), 9, 0, True, 4, 4)
     with pytest.raises(RuntimeError, match="rtable must be"):
-        ops.offset_attention(q, k, v, torch.zeros(HEADS, 19, dtype=torch.float64), 9, 0,
-                             True, 4, 4)
+        ops.offset_attention(q, k, v, torch.zeros(HEADS, 19, dtype=torch.float64), 9, 0, True, 4, 4)
     with pytest.raises(RuntimeError, match="q_block and kv_block"):
         ops.offset_attention(q, k, v, torch.zeros(HEADS, 19), 9, 0, True, 0, 4)
     for bad in (k[:, :, :, :8], k[:1], k[:, :2]):  # another dim, batch or head count
@@ -247,8 +260,13 @@ def test_the_kernel_builds_for_narrower_vectors(capability):
     """Built for AVX2 or for no vector extension (as on other CPUs), in a fresh process
     (one process loads one build): the same values."""
     env = {**os.environ, "ATEN_CPU_CAPABILITY": capability}
-    proc = subprocess.run([sys.executable, "-c", CAPABILITY_CHECK], env=env,
-                          capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, "-c", CAPABILITY_CHECK],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.split() == [capability.upper()]
 

@@ -17,7 +17,14 @@ TINY = dict(dim=16, depth=2, heads=2, train_len=8)
 
 def test_position_names_cover_biases_and_baselines():
     assert set(BIAS_POSITIONS) == {
-        "offset", "t5", "alibi", "sandwich", "kerple_power", "kerple_log", "fire"}
+        "offset",
+        "t5",
+        "alibi",
+        "sandwich",
+        "kerple_power",
+        "kerple_log",
+        "fire",
+    }
     assert set(POSITION_NAMES) - set(BIAS_POSITIONS) == {"nope", "sinusoidal", "learned", "rope"}
 
 
@@ -71,13 +78,16 @@ def test_default_bias_kwargs_follow_train_len():
     assert model.bias.unseen == "error" and model.bias.max_offset == 7
 
 
-@pytest.mark.parametrize("kwargs, error", [
-    (dict(position="bogus"), ValueError),
-    (dict(dim=15, heads=2), ValueError),
-    (dict(depth=0), ValueError),
-    (dict(train_len=2.5), TypeError),
-    (dict(share_bias="yes"), TypeError),
-])
+@pytest.mark.parametrize(
+    "kwargs, error",
+    [
+        (dict(position="bogus"), ValueError),
+        (dict(dim=15, heads=2), ValueError),
+        (dict(depth=0), ValueError),
+        (dict(train_len=2.5), TypeError),
+        (dict(share_bias="yes"), TypeError),
+    ],
+)
 def test_bad_arguments(kwargs, error):
     with pytest.raises(error):
         TinyLM(**{**TINY, **kwargs})
@@ -105,6 +115,7 @@ def test_sinusoidal_table():
 
 # --- the prepared bias and the attention backend ---------------------------------------------
 
+
 @pytest.mark.parametrize("share_bias", [True, False])
 @pytest.mark.parametrize("position", BIAS_POSITIONS)
 def test_fast_evaluation_equals_the_materialised_bias(position, share_bias):
@@ -112,7 +123,7 @@ def test_fast_evaluation_equals_the_materialised_bias(position, share_bias):
     fused kernel; same logits."""
     torch.manual_seed(1)
     model = TinyLM(position=position, share_bias=share_bias, **TINY).eval()
-    x = torch.randint(0, 256, (2, 16 * TINY["train_len"]))   # 16x the training length
+    x = torch.randint(0, 256, (2, 16 * TINY["train_len"]))  # 16x the training length
     with torch.no_grad():
         fast = model(x)
         model.attention_backend = "materialize"
@@ -140,8 +151,9 @@ def test_training_gradients_equal_the_materialised_bias(position):
         model.attention_backend = backend
         model.zero_grad()
         model(x).square().mean().backward()
-        grads[backend] = {n: p.grad.clone() for n, p in model.named_parameters()
-                          if p.grad is not None}
+        grads[backend] = {
+            n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None
+        }
     assert grads["auto"].keys() == grads["materialize"].keys()
     learnable = any(True for _ in model.bias.parameters())
     assert any(n.startswith("bias.") for n in grads["auto"]) == learnable
@@ -155,8 +167,11 @@ def test_shared_bias_is_computed_once_per_forward(position, monkeypatch):
 
     calls = []
     real = model_module.prepare_bias
-    monkeypatch.setattr(model_module, "prepare_bias",
-                        lambda bias, *a, **k: calls.append(bias) or real(bias, *a, **k))
+    monkeypatch.setattr(
+        model_module,
+        "prepare_bias",
+        lambda bias, *a, **k: calls.append(bias) or real(bias, *a, **k),
+    )
     model = TinyLM(position=position, **{**TINY, "depth": 3})
     model(torch.randint(0, 256, (1, 8)))
     assert calls == [model.bias]

@@ -30,9 +30,23 @@ from relbias.training import (
 
 matplotlib.use("Agg")
 
-TINY = Config(name="tiny", dim=32, depth=1, heads=2, train_len=16, batch_size=8, steps=40,
-              lr=1e-2, warmup=5, eval_tokens=1024, eval_batch_size=4, corpus_bytes=300_000,
-              probe_steps=5, probe_batch_size=8, probe_eval_samples=10)
+TINY = Config(
+    name="tiny",
+    dim=32,
+    depth=1,
+    heads=2,
+    train_len=16,
+    batch_size=8,
+    steps=40,
+    lr=1e-2,
+    warmup=5,
+    eval_tokens=1024,
+    eval_batch_size=4,
+    corpus_bytes=300_000,
+    probe_steps=5,
+    probe_batch_size=8,
+    probe_eval_samples=10,
+)
 
 
 @pytest.fixture(scope="module")
@@ -72,7 +86,7 @@ def test_pick_device_prints(capsys):
 
 
 def _fixed_batch_loss(model, corpus):
-    x = corpus.val[:16 * 16 + 1].long()
+    x = corpus.val[: 16 * 16 + 1].long()
     with torch.no_grad():
         return float(lm_loss(model(x[:-1].view(16, 16)), x[1:].view(16, 16)))
 
@@ -126,8 +140,7 @@ def test_learned_bias_readback_shapes(position):
     assert table.shape == (2, 32) and table.dtype == torch.float32
     assert torch.isfinite(table).all()
     assert learned_bias(model.bias, 5, query_position=20).shape == (2, 6)
-    per_layer = TinyLM(position=position, dim=16, depth=2, heads=2, train_len=8,
-                       share_bias=False)
+    per_layer = TinyLM(position=position, dim=16, depth=2, heads=2, train_len=8, share_bias=False)
     assert learned_bias(per_layer, 7, layer=1).shape == (2, 8)
 
 
@@ -159,10 +172,21 @@ def test_probe_training_and_accuracy():
 
 
 def _tiny_results():
-    rows = [{"factor": f, "length": 16 * f, "windows": 1, "bpb": 3.0,
-             "loss_by_position": [3.0] * (16 * f)} for f in (1, 2)]
-    return {"kind": "extrapolation", "methods": {"alibi": {"eval": rows}, "rope": {"eval": rows}},
-            "provenance": provenance(TINY, torch.device("cpu"), wall_s=1.0)}
+    rows = [
+        {
+            "factor": f,
+            "length": 16 * f,
+            "windows": 1,
+            "bpb": 3.0,
+            "loss_by_position": [3.0] * (16 * f),
+        }
+        for f in (1, 2)
+    ]
+    return {
+        "kind": "extrapolation",
+        "methods": {"alibi": {"eval": rows}, "rope": {"eval": rows}},
+        "provenance": provenance(TINY, torch.device("cpu"), wall_s=1.0),
+    }
 
 
 def test_results_roundtrip_and_plots(tmp_path):
@@ -174,8 +198,17 @@ def test_results_roundtrip_and_plots(tmp_path):
     assert load_results(path) == json.loads(json.dumps(results))
     fig = plot_results(results, tmp_path / "r.png")
     assert (tmp_path / "r.png").stat().st_size > 0 and len(fig.axes) == 2
-    retrieval = {"kind": "retrieval", "provenance": prov, "methods": {"alibi": {"eval": [
-        {"length": 16, "distance": d, "accuracy": 0.5, "samples": 2} for d in (1, 2)]}}}
+    retrieval = {
+        "kind": "retrieval",
+        "provenance": prov,
+        "methods": {
+            "alibi": {
+                "eval": [
+                    {"length": 16, "distance": d, "accuracy": 0.5, "samples": 2} for d in (1, 2)
+                ]
+            }
+        },
+    }
     assert len(plot_results(retrieval).axes) == 1
     with pytest.raises(ValueError, match="kind"):
         plot_results({"kind": "other"})
@@ -184,12 +217,18 @@ def test_results_roundtrip_and_plots(tmp_path):
 
 
 def test_plot_learned_bias():
-    models = {p: TinyLM(position=p, dim=16, depth=1, heads=2, train_len=8)
-              for p in ("alibi", "fire", "t5")}
+    models = {
+        p: TinyLM(position=p, dim=16, depth=1, heads=2, train_len=8)
+        for p in ("alibi", "fire", "t5")
+    }
     fig = plot_learned_bias(models, 20, train_len=8)
     assert len(fig.axes) == 3
-    stored = {"methods": {"alibi": {"learned_bias": {"values": [[0.0, -0.5], [0.0, -0.1]]}},
-                          "rope": {"learned_bias": None}}}
+    stored = {
+        "methods": {
+            "alibi": {"learned_bias": {"values": [[0.0, -0.5], [0.0, -0.1]]}},
+            "rope": {"learned_bias": None},
+        }
+    }
     tables = learned_bias_from_results(stored)
     assert list(tables) == ["alibi"] and tables["alibi"].shape == (2, 2)
     assert len(plot_learned_bias(tables, 1).axes) == 1
