@@ -239,3 +239,16 @@ def test_reference_implementations_import():
     assert hasattr(t5.T5Attention, "compute_bias")
     xt = pytest.importorskip("x_transformers.x_transformers")
     assert hasattr(xt, "RelativePositionBias") and hasattr(xt, "AlibiPositionalBias")
+
+
+def test_the_fused_kernel_source_ships_with_the_package(pyproject):
+    """relbias.fused compiles relbias/csrc/*.cpp where the package is installed (Colab
+    installs a wheel), so the wheel must carry it, with what the build needs."""
+    from fnmatch import fnmatch
+
+    patterns = pyproject["tool"]["setuptools"]["package-data"]["relbias"]
+    source = ROOT / "relbias" / "csrc" / "fused_attention.cpp"
+    assert source.is_file()
+    assert any(fnmatch("csrc/fused_attention.cpp", p) for p in patterns), patterns
+    needed = {canonical(REQ_NAME.match(r).group(1)) for r in pyproject["project"]["dependencies"]}
+    assert {"torch", "ninja", "setuptools"} <= needed
