@@ -64,7 +64,8 @@ METHOD_NOTES = {
     "reads the O(n) table (FIRE: computes its MLP per score), causal block mask",
     "fused": "relbias.biased_attention(backend='fused'): relbias's C++ CPU kernel "
     f"(relbias/csrc/fused_attention.cpp; forward only, float32): blocks of {fused.Q_BLOCK} "
-    f"query rows x {fused.KV_BLOCK} keys, scores by oneDNN's brgemm, the bias added in place "
+    f"query rows x {fused.KV_BLOCK} keys (each thread transposes one head's keys at a time), "
+    "scores by oneDNN's brgemm, the bias added in place "
     "(offset-only: a run of the reversed O(n) table; FIRE: its folded MLP per score), online "
     "softmax, no block above the causal diagonal",
     "xt": "x-transformers RelativePositionBias / AlibiPositionalBias -> [H, n, n] bias, "

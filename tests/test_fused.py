@@ -286,3 +286,24 @@ def test_threads_do_not_change_the_result():
     finally:
         torch.set_num_threads(threads)
     assert torch.equal(outs[0], outs[1])
+
+
+@pytest.mark.parametrize("heads,batch", [(1, 1), (1, 2), (3, 1), (2, 3)])
+@pytest.mark.parametrize("causal", [True, False])
+def test_work_shared_by_two_threads(heads, batch, causal, monkeypatch):
+    """With two threads a head's blocks of rows are cut into runs of about equal cost (one
+    head: several runs); every split gives the materialised result."""
+    monkeypatch.setattr(fused, "Q_BLOCK", 8)
+    monkeypatch.setattr(fused, "KV_BLOCK", 16)
+    name = "t5" if causal else "alibi"
+    bias = relbias.make_bias(name, heads, bidirectional=not causal)
+    q, k, v = (torch.randn(batch, heads, 90, 16) for _ in range(3))
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        with torch.no_grad():
+            got = biased_attention(q, k, v, bias, causal=causal, backend="fused")
+            expected = biased_attention(q, k, v, bias, causal=causal, backend="materialize")
+    finally:
+        torch.set_num_threads(threads)
+    assert_close(got, expected)

@@ -114,22 +114,42 @@ inline float exp_sum(float* s, int64_t n, float m) {
   return sum;
 }
 
-// The shapes and data of one call; q is [batch * heads, q_len, dim] (scaled as it is read),
-// kt the keys transposed, [batch * heads, dim, k_len], v [batch * heads, k_len, v_dim].
+// The shapes and data of one call: q is [batch * heads, q_len, dim] (scaled as it is read),
+// k [batch * heads, k_len, dim], v [batch * heads, k_len, v_dim].
 struct Problem {
   int64_t heads, q_len, k_len, dim, v_dim, q_start;
   bool causal;
   float scale;
-  const float *q, *kt, *v;
+  const float *q, *k, *v;
   float* out;
+
+  // how many keys query rows r0 .. r0 + rows - 1 see (causal: up to the last of them)
+  int64_t keys_seen(int64_t r0, int64_t rows) const {
+    return causal ? std::min(k_len, q_start + r0 + rows) : k_len;
+  }
 };
 
-// A thread's buffers for one block of q_block query rows and kv_block keys.
+// A thread's buffers: one block of q_block query rows and kv_block keys, and the keys of
+// one head transposed ([dim, k_len]), the layout the product q k^T reads.
 struct Workspace {
-  std::vector<float> q, scores, acc, row_max, row_sum;
+  std::vector<float> q, scores, acc, row_max, row_sum, kt;
+  int64_t kt_head = -1, kt_keys = 0;  // kt holds the first kt_keys keys of head kt_head
+
   Workspace(int64_t q_block, int64_t kv_block, const Problem& p)
       : q(q_block * p.dim), scores(q_block * kv_block), acc(q_block * p.v_dim),
-        row_max(q_block), row_sum(q_block) {}
+        row_max(q_block), row_sum(q_block), kt(p.dim * p.k_len) {}
+
+  const float* keys_transposed(const Problem& p, int64_t bh, int64_t keys) {
+    if (kt_head != bh || kt_keys < keys) {
+      const float* k = p.k + bh * p.k_len * p.dim;
+      for (int64_t c = 0; c < keys; ++c) {
+        for (int64_t d = 0; d < p.dim; ++d) kt[d * p.k_len + c] = k[c * p.dim + d];
+      }
+      kt_head = bh;
+      kt_keys = keys;
+    }
+    return kt.data();
+  }
 };
 
 // Query rows r0 .. r0 + rows - 1 of head bh against every key they see, kv_block keys at a
@@ -140,7 +160,8 @@ void attend_block(const Problem& p, const Bias& bias, int64_t bh, int64_t r0, in
                   int64_t kv_block, Workspace& w) {
   const int64_t h = bh % p.heads;
   const int64_t i0 = p.q_start + r0;  // the absolute position of the block's first query
-  const int64_t kv_end = p.causal ? std::min(p.k_len, i0 + rows) : p.k_len;
+  const int64_t kv_end = p.keys_seen(r0, rows);
+  const float* kt = w.keys_transposed(p, bh, kv_end);
   const float* q = p.q + (bh * p.q_len + r0) * p.dim;
   for (int64_t e = 0; e < rows * p.dim; ++e) w.q[e] = q[e] * p.scale;
   std::fill(w.row_max.begin(), w.row_max.end(), kNegInf);
@@ -149,7 +170,7 @@ void attend_block(const Problem& p, const Bias& bias, int64_t bh, int64_t r0, in
   for (int64_t c0 = 0; c0 < kv_end; c0 += kv_block) {
     const int64_t cols = std::min(kv_block, kv_end - c0);
     at::native::cpublas::brgemm(rows, cols, p.dim, p.dim, p.k_len, kv_block, false, w.q.data(),
-                                p.kt + bh * p.dim * p.k_len + c0, w.scores.data());
+                                kt + c0, w.scores.data());
     for (int64_t r = 0; r < rows; ++r) {
       float* s = w.scores.data() + r * kv_block;
       const int64_t i = i0 + r;
@@ -183,6 +204,44 @@ void attend_block(const Problem& p, const Bias& bias, int64_t bh, int64_t r0, in
   }
 }
 
+// A run of blocks of query rows of one head (blocks first .. last - 1): a thread's unit of
+// work, for which it transposes that head's keys once.
+struct Unit {
+  int64_t bh, first, last, cost;
+};
+
+// Every head's blocks cut into runs of about equal cost (scores computed), enough runs to
+// keep every thread busy, the costliest first.
+std::vector<Unit> units_of_work(const Problem& p, int64_t batch_heads, int64_t q_block) {
+  const int64_t q_blocks = (p.q_len + q_block - 1) / q_block;
+  const int64_t threads = at::get_num_threads();
+  const int64_t runs = std::min(q_blocks, (2 * threads + batch_heads - 1) / batch_heads);
+  std::vector<int64_t> cost(q_blocks);
+  int64_t total = 0;
+  for (int64_t b = 0; b < q_blocks; ++b) {
+    const int64_t rows = std::min(q_block, p.q_len - b * q_block);
+    cost[b] = rows * p.keys_seen(b * q_block, rows);
+    total += cost[b];
+  }
+  std::vector<Unit> units;
+  for (int64_t bh = 0; bh < batch_heads; ++bh) {
+    Unit unit{bh, 0, 0, 0};
+    for (int64_t b = 0, made = 0; b < q_blocks; ++b) {
+      unit.last = b + 1;
+      unit.cost += cost[b];
+      if (b + 1 == q_blocks || (made + 1 < runs && unit.cost * runs >= total)) {
+        units.push_back(unit);
+        ++made;
+        unit = Unit{bh, b + 1, b + 1, 0};
+      }
+    }
+  }
+  std::sort(units.begin(), units.end(), [](const Unit& a, const Unit& b) {
+    return a.cost > b.cost;
+  });
+  return units;
+}
+
 // Every block of query rows of every head, shared out to the threads.
 template <typename Bias>
 at::Tensor attention(const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in,
@@ -199,24 +258,24 @@ at::Tensor attention(const at::Tensor& q_in, const at::Tensor& k_in, const at::T
               "q, k, v must agree in batch and heads, q and k in dim, k and v in length");
   TORCH_CHECK(q_block > 0 && kv_block > 0, "q_block and kv_block must be positive");
   const auto q = q_in.contiguous();
+  const auto k = k_in.contiguous();
   const auto v = v_in.contiguous();
-  const auto kt = k_in.transpose(-1, -2).contiguous();
   const int64_t batch_heads = q.size(0) * q.size(1), q_len = q.size(2);
   auto out = at::empty({q.size(0), q.size(1), q_len, v.size(3)}, q.options());
   if (q_len == 0) return out;
-  TORCH_CHECK(k_in.size(2) > 0, "k_len must be positive");
-  const Problem p{q.size(1), q_len, k_in.size(2), q.size(3), v.size(3), q_start, causal,
+  TORCH_CHECK(k.size(2) > 0, "k_len must be positive");
+  const Problem p{q.size(1), q_len, k.size(2), q.size(3), v.size(3), q_start, causal,
                   1.f / std::sqrt(static_cast<float>(q.size(3))), q.data_ptr<float>(),
-                  kt.data_ptr<float>(), v.data_ptr<float>(), out.data_ptr<float>()};
-  // The costliest blocks first (causal: the last rows see the most keys), each taken by
-  // whichever thread is free.
-  const int64_t q_blocks = (q_len + q_block - 1) / q_block, tasks = batch_heads * q_blocks;
-  std::atomic<int64_t> next{0};
+                  k.data_ptr<float>(), v.data_ptr<float>(), out.data_ptr<float>()};
+  const std::vector<Unit> units = units_of_work(p, batch_heads, q_block);
+  std::atomic<size_t> next{0};
   at::parallel_for(0, at::get_num_threads(), 1, [&](int64_t, int64_t) {
     Workspace w(q_block, kv_block, p);
-    for (int64_t t = next++; t < tasks; t = next++) {
-      const int64_t r0 = (q_blocks - 1 - t / batch_heads) * q_block;
-      attend_block(p, bias, t % batch_heads, r0, std::min(q_block, q_len - r0), kv_block, w);
+    for (size_t u = next++; u < units.size(); u = next++) {  // whichever thread is free
+      for (int64_t b = units[u].last - 1; b >= units[u].first; --b) {
+        const int64_t r0 = b * q_block;
+        attend_block(p, bias, units[u].bh, r0, std::min(q_block, q_len - r0), kv_block, w);
+      }
     }
     at::native::cpublas::brgemm_release(false);
   });
