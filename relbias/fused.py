@@ -5,8 +5,10 @@ flash-style attention kernel for the CPU: for each block of query rows and block
 keys it computes the scores :math:`q_i k_j^\top / \sqrt{d}` with one matrix product,
 adds :math:`\mathrm{PE}(i, j)` to them in place, and folds them into a running softmax
 (a running maximum and sum per row), so that no ``q_len x k_len`` tensor exists and
-no block above the causal diagonal is computed. The bias comes from the O(n) pieces
-of a prepared bias (:func:`relbias.flex.prepare_bias`):
+no block above the causal diagonal is computed: FlashAttention's loop (Dao et al.,
+2022, arXiv:2205.14135) with the online softmax of Rabe & Staats (2021,
+arXiv:2112.05682). The bias comes from the O(n) pieces of a prepared bias
+(:func:`relbias.flex.prepare_bias`):
 
 * an offset-only family reads ``PE(i, j)`` from its table: the bias of one row of a
   block is a contiguous run of the reversed table, added with vector loads;
