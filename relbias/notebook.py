@@ -657,19 +657,10 @@ def _control(name: str, spec):
     style = {"description_width": "initial"}
     if isinstance(spec, tuple) and len(spec) in (2, 3):
         low, high = spec[0], spec[1]
-        if all(isinstance(v, int) and not isinstance(v, bool) for v in spec):
-            step = spec[2] if len(spec) == 3 else 1
-            return widgets.IntSlider(
-                value=low,
-                min=low,
-                max=high,
-                step=step,
-                description=name,
-                continuous_update=False,
-                style=style,
-            )
-        step = spec[2] if len(spec) == 3 else (high - low) / 100
-        return widgets.FloatSlider(
+        integer = all(isinstance(v, int) and not isinstance(v, bool) for v in spec)
+        step = spec[2] if len(spec) == 3 else 1 if integer else (high - low) / 100
+        slider = widgets.IntSlider if integer else widgets.FloatSlider
+        return slider(
             value=low,
             min=low,
             max=high,

@@ -37,6 +37,47 @@ def build(name: str, num_heads: int = 3, **overrides) -> relbias.RelativeBias:
     return module
 
 
+# --- shared by the fast-backend tests (test_flex.py, test_fused.py) -------------------------
+ATTENTION_HEADS, ATTENTION_DIM = 3, 16
+# Causal families are built with bidirectional=False where the family has the option.
+CAUSAL_KWARGS = {
+    "offset": {"bidirectional": False},
+    "t5": {"bidirectional": False},
+    "alibi": {"bidirectional": False},
+}
+# (q_len, k_len, q_start): queries at the end, queries inside the keys, square.
+ATTENTION_SHAPES = [(37, 37, None), (20, 45, None), (17, 40, 9), (1, 30, None), (64, 64, 0)]
+
+
+def family_bias(name: str, causal: bool):
+    """``name`` with ATTENTION_HEADS heads, built causal (where it has the option) or not."""
+    overrides = CAUSAL_KWARGS.get(name, {}) if causal else {}
+    return build(name, ATTENTION_HEADS, **overrides)
+
+
+def qkv(
+    q_len,
+    k_len,
+    *,
+    batch=2,
+    dim=ATTENTION_DIM,
+    v_dim=ATTENTION_DIM,
+    dtype=torch.float32,
+    grad=False,
+):
+    """Random q, k, v: [batch, ATTENTION_HEADS, len, dim] (v: v_dim)."""
+    heads = ATTENTION_HEADS
+    q = torch.randn(batch, heads, q_len, dim, dtype=dtype, requires_grad=grad)
+    k = torch.randn(batch, heads, k_len, dim, dtype=dtype, requires_grad=grad)
+    v = torch.randn(batch, heads, k_len, v_dim, dtype=dtype, requires_grad=grad)
+    return q, k, v
+
+
+def assert_close(actual, expected):
+    """Equal within float32 rounding of attention over a few hundred keys."""
+    torch.testing.assert_close(actual, expected, rtol=2e-5, atol=2e-5)
+
+
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)

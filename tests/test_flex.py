@@ -11,7 +11,15 @@ import copy
 
 import pytest
 import torch
-from conftest import FAMILY_KWARGS, build
+from conftest import (
+    ATTENTION_HEADS,
+    ATTENTION_SHAPES,
+    FAMILY_KWARGS,
+    assert_close,
+    build,
+    family_bias,
+    qkv,
+)
 from torch._dynamo.utils import counters
 
 import relbias
@@ -28,32 +36,9 @@ from relbias.flex import (
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")  # from compiling
 
-HEADS, DIM = 3, 16
+HEADS = ATTENTION_HEADS
 FAMILIES = list(FAMILY_KWARGS)
-# Causal families are built with bidirectional=False where the family has the option.
-CAUSAL_KWARGS = {
-    "offset": {"bidirectional": False},
-    "t5": {"bidirectional": False},
-    "alibi": {"bidirectional": False},
-}
-# (q_len, k_len, q_start): queries at the end, queries inside the keys, square.
-SHAPES = [(37, 37, None), (20, 45, None), (17, 40, 9), (1, 30, None), (64, 64, 0)]
-
-
-def family_bias(name: str, causal: bool):
-    overrides = CAUSAL_KWARGS.get(name, {}) if causal else {}
-    return build(name, HEADS, **overrides)
-
-
-def qkv(q_len, k_len, *, batch=2, dtype=torch.float32, grad=False):
-    q = torch.randn(batch, HEADS, q_len, DIM, dtype=dtype, requires_grad=grad)
-    k = torch.randn(batch, HEADS, k_len, DIM, dtype=dtype, requires_grad=grad)
-    v = torch.randn(batch, HEADS, k_len, DIM, dtype=dtype, requires_grad=grad)
-    return q, k, v
-
-
-def assert_close(actual, expected):
-    torch.testing.assert_close(actual, expected, rtol=2e-5, atol=2e-5)
+SHAPES = ATTENTION_SHAPES
 
 
 # --- prepared biases: the O(n) ingredients ---------------------------------------------

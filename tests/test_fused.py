@@ -14,7 +14,14 @@ import sys
 
 import pytest
 import torch
-from conftest import FAMILY_KWARGS, build
+from conftest import (
+    ATTENTION_HEADS,
+    ATTENTION_SHAPES,
+    FAMILY_KWARGS,
+    assert_close,
+    family_bias,
+    qkv,
+)
 
 import relbias
 from relbias import attention, biased_attention, fused
@@ -22,42 +29,12 @@ from relbias.flex import last_backend, prepare_bias
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")  # torch.compile's imports
 
-HEADS, DIM = 3, 16
+HEADS = ATTENTION_HEADS
 FAMILIES = list(FAMILY_KWARGS)
-CAUSAL_KWARGS = {
-    "offset": {"bidirectional": False},
-    "t5": {"bidirectional": False},
-    "alibi": {"bidirectional": False},
-}
-# (q_len, k_len, q_start): queries at the end, queries inside the keys (causal: keys
-# after the last query, never seen), square, one query, and enough rows and keys for
-# several blocks of both kinds at the small block sizes below.
-SHAPES = [
-    (37, 37, None),
-    (20, 45, None),
-    (17, 40, 9),
-    (1, 30, None),
-    (64, 64, 0),
-    (150, 300, None),
-    (90, 90, 0),
-]
+# ... and, for the fused kernel, enough rows and keys for several blocks of both kinds at
+# the small block sizes below (causal with keys after the last query: never seen).
+SHAPES = [*ATTENTION_SHAPES, (150, 300, None), (90, 90, 0)]
 BLOCKS = [(128, 512), (8, 16), (5, 7), (1, 1)]
-
-
-def family_bias(name: str, causal: bool):
-    return build(name, HEADS, **(CAUSAL_KWARGS.get(name, {}) if causal else {}))
-
-
-def qkv(q_len, k_len, *, batch=2, dim=DIM, v_dim=DIM, dtype=torch.float32):
-    return (
-        torch.randn(batch, HEADS, q_len, dim, dtype=dtype),
-        torch.randn(batch, HEADS, k_len, dim, dtype=dtype),
-        torch.randn(batch, HEADS, k_len, v_dim, dtype=dtype),
-    )
-
-
-def assert_close(actual, expected):
-    torch.testing.assert_close(actual, expected, rtol=2e-5, atol=2e-5)
 
 
 @pytest.fixture

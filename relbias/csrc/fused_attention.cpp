@@ -287,13 +287,20 @@ void check_float_contiguous(const at::Tensor& t, const char* name) {
               name, " must be a contiguous float32 CPU tensor");
 }
 
+// A reversed table of `width` offsets, entry 0 the offset hi, covers every offset i - j of
+// queries q_start .. q_start + q_len - 1 and keys 0 .. k_len - 1.
+void check_covers(const at::Tensor& q, const at::Tensor& k, int64_t hi, int64_t q_start,
+                  int64_t width, const char* name) {
+  TORCH_CHECK(hi >= q_start + q.size(2) - 1 && hi + k.size(2) - 1 - q_start < width, name,
+              " does not cover the offsets of this attention");
+}
+
 at::Tensor offset_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                             const at::Tensor& rtable, int64_t hi, int64_t q_start, bool causal,
                             int64_t q_block, int64_t kv_block) {
   check_float_contiguous(rtable, "rtable");
   TORCH_CHECK(rtable.dim() == 2 && rtable.size(0) == q.size(1), "rtable must be [heads, width]");
-  TORCH_CHECK(hi - (q_start + q.size(2) - 1) >= 0 && hi + k.size(2) - 1 - q_start < rtable.size(1),
-              "rtable does not cover the offsets of this attention");
+  check_covers(q, k, hi, q_start, rtable.size(1), "rtable");
   OffsetBias bias{rtable.data_ptr<float>(), rtable.size(1), hi};
   return attention(q, k, v, bias, q_start, causal, q_block, kv_block);
 }
@@ -311,8 +318,7 @@ at::Tensor fire_attention(const at::Tensor& q, const at::Tensor& k, const at::Te
   TORCH_CHECK(b1.numel() == units && w2.numel() == heads * units && slope.numel() == heads &&
                   intercept.numel() == heads && inv_den.numel() == q.size(2),
               "FIRE's weights do not match the heads and hidden units");
-  TORCH_CHECK(hi - (q_start + q.size(2) - 1) >= 0 && hi + k.size(2) - 1 - q_start < rpsi.numel(),
-              "rpsi does not cover the offsets of this attention");
+  check_covers(q, k, hi, q_start, rpsi.numel(), "rpsi");
   FireBias bias{rpsi.data_ptr<float>(), rpsi.numel(), hi, inv_den.data_ptr<float>(), units,
                 w1.data_ptr<float>(), b1.data_ptr<float>(), w2.data_ptr<float>(),
                 slope.data_ptr<float>(), intercept.data_ptr<float>()};
