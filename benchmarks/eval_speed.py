@@ -16,10 +16,10 @@ from __future__ import annotations
 import argparse
 import time
 
-from relbias.data import load_corpus
-from relbias.flex import last_backend
-from relbias.model import BIAS_POSITIONS
-from relbias.training import build_model, evaluate_lengths, get_config
+from relbias.attention.flex import last_backend
+from relbias.lab.data import load_corpus
+from relbias.lab.model import BIAS_POSITIONS
+from relbias.lab.training import build_model, evaluate_lengths, get_config
 
 
 def main(argv=None) -> int:

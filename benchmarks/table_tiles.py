@@ -25,7 +25,8 @@ import time
 import torch
 from torch.nn import functional as F
 
-from relbias import BIAS_NAMES, flex, make_bias
+from relbias import BIAS_NAMES, make_bias
+from relbias.attention import flex
 
 
 def _time_calls(args) -> dict:

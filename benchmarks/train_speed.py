@@ -2,7 +2,7 @@
 
     python benchmarks/train_speed.py [--config quick] [--methods ...] [--steps N] [--no-eval]
 
-Trains each method as ``python -m relbias.experiments extrapolation`` does (same
+Trains each method as ``python -m relbias.lab.experiments extrapolation`` does (same
 config, same batches), times training and the 1x..16x evaluation separately, and
 prints one row per method plus the total. With ``--steps`` smaller than the config's,
 the last line extrapolates the sweep's training time to the config's step count.
@@ -15,9 +15,9 @@ import argparse
 import sys
 import time
 
-from relbias.data import load_corpus
-from relbias.experiments import resolve_methods
-from relbias.training import (
+from relbias.lab.data import load_corpus
+from relbias.lab.experiments import resolve_methods
+from relbias.lab.training import (
     build_model,
     device_name,
     evaluate_lengths,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from .registry import BIAS_NAMES, make_bias
+from relbias.biases.registry import BIAS_NAMES, make_bias
 
 DEMO_KWARGS = {"offset": {"max_offset": 15}}
 

@@ -57,12 +57,12 @@ if [[ "${RELBIAS_FORCE_SETUP:-0}" != "1" && -f "$STAMP" && "$(cat "$STAMP")" == 
     log "Python packages up to date (stamp matches)"
 else
     rm -f "$STAMP"
-    log "installing Python packages (pip install -c constraints.txt -e .[book,test])"
+    log "installing Python packages (pip install -c constraints.txt -e .[docs,bench,test])"
     # The constraint file also applies inside pip's isolated build environments.
     export PIP_CONSTRAINT="$ROOT/constraints.txt"
     "$VPY" -m pip install --quiet --disable-pip-version-check --upgrade pip
     "$VPY" -m pip install --quiet --disable-pip-version-check \
-        -c constraints.txt -e ".[book,test]"
+        -c constraints.txt -e ".[docs,bench,test]"
     unset PIP_CONSTRAINT
     "$VPY" -m pip check
     NEED_STAMP=1
@@ -117,7 +117,7 @@ else
     warn "Install it (e.g. 'sudo apt-get install chromium'); the browser test will fail without it."
 fi
 
-# --- 6. a C++ compiler for relbias.fused (its kernel is built on first use) --------
+# --- 6. a C++ compiler for relbias.attention.fused (its kernel is built on first use) --------
 if command -v c++ >/dev/null 2>&1; then
     log "C++ compiler present: $(command -v c++)"
 elif [[ "$(id -u)" == "0" && "${RELBIAS_SKIP_APT:-0}" != "1" ]] && command -v apt-get >/dev/null 2>&1; then

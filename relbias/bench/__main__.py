@@ -1,0 +1,5 @@
+import sys
+
+from relbias.bench.harness import main
+
+sys.exit(main())

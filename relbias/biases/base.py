@@ -1,0 +1,110 @@
+"""The shared interface of every bias family: :class:`RelativeBias`."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from relbias._checks import check_int, check_lengths
+from relbias.biases.positions import relative_positions
+
+
+class RelativeBias(nn.Module):
+    """Base class of every relative positional bias PE(i, j).
+
+    A subclass either depends on the offset ``i - j`` alone (``offset_only = True``)
+    and implements :meth:`_offset_values`, or also on the absolute query position
+    (``offset_only = False``, FIRE) and implements :meth:`_position_values`.
+
+    Calling the module returns the additive bias as a float tensor
+    ``[num_heads, q_len, k_len]``; the attention layer adds it to the scaled scores.
+    Positions are always computed in integer arithmetic and the formula in at least
+    float32, whatever dtype the module was cast to.
+    """
+
+    offset_only = True
+
+    def __init__(self, num_heads, *, bidirectional: bool = False):
+        super().__init__()
+        self.num_heads = check_int("num_heads", num_heads, minimum=1)
+        if not isinstance(bidirectional, bool):
+            raise TypeError(f"bidirectional must be True or False, got {bidirectional!r}")
+        self.bidirectional = bidirectional
+
+    # -- what subclasses implement -------------------------------------------------
+    def _offset_values(self, offsets: torch.Tensor) -> torch.Tensor:
+        """PE for a 1-D LongTensor of offsets i - j, as ``[num_heads, len(offsets)]``."""
+        raise NotImplementedError
+
+    def _position_values(self, q_len: int, k_len: int, q_start: int) -> torch.Tensor:
+        """PE for the whole ``[num_heads, q_len, k_len]`` grid (position-dependent families)."""
+        raise NotImplementedError
+
+    # -- the shared interface --------------------------------------------------------
+    @property
+    def device(self) -> torch.device:
+        for t in self._tensors():
+            return t.device
+        return torch.device("cpu")
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The dtype the module was cast to (float32 for a module with no tensors)."""
+        for t in self._tensors():
+            if t.is_floating_point():
+                return t.dtype
+        return torch.float32
+
+    def _tensors(self):
+        yield from self.parameters()
+        yield from self.buffers()
+
+    def _register_anchor(self) -> None:
+        """Give a parameter-free family a scalar buffer that follows ``.to()``.
+
+        It records the device and dtype the module was moved to; the family's own
+        constants are computed in float64/float32 on the fly, never rounded to it.
+        """
+        self.register_buffer("_anchor", torch.zeros(()), persistent=False)
+
+    def offset_table(self, min_offset, max_offset) -> torch.Tensor:
+        """PE(i, j) for every offset ``i - j`` from ``min_offset`` to ``max_offset``.
+
+        Returns ``[num_heads, max_offset - min_offset + 1]`` in the compute dtype
+        (float32, or float64 for a float64 module). Only for offset-only families:
+        this O(n) table is all that a length-n attention needs.
+        """
+        if not self.offset_only:
+            raise TypeError(
+                f"{type(self).__name__} depends on the absolute query position, "
+                "so it has no offset table; call the module instead"
+            )
+        min_offset = check_int("min_offset", min_offset)
+        max_offset = check_int("max_offset", max_offset, minimum=min_offset - 1)
+        offsets = torch.arange(min_offset, max_offset + 1, device=self.device)
+        return self._offset_values(offsets)
+
+    def forward(self, q_len, k_len=None, *, q_start=None) -> torch.Tensor:
+        """The bias ``[num_heads, q_len, k_len]`` for queries at ``q_start ..``."""
+        q_len, k_len, q_start = check_lengths(q_len, k_len, q_start)
+        if q_len == 0 or k_len == 0:
+            return torch.zeros(self.num_heads, q_len, k_len, dtype=self.dtype, device=self.device)
+        if self.offset_only:
+            lowest = q_start - (k_len - 1)
+            table = self.offset_table(lowest, q_start + q_len - 1)
+            index = relative_positions(q_len, k_len, q_start=q_start, device=self.device) - lowest
+            bias = table[:, index]
+        else:
+            bias = self._position_values(q_len, k_len, q_start)
+        return self._to_output_dtype(bias)
+
+    def _to_output_dtype(self, bias: torch.Tensor) -> torch.Tensor:
+        """Cast to the module's dtype, saturating instead of overflowing to inf."""
+        dtype = self.dtype
+        if bias.dtype != dtype:
+            info = torch.finfo(dtype)
+            bias = bias.clamp(info.min, info.max).to(dtype)
+        return bias
+
+    def extra_repr(self) -> str:
+        return f"num_heads={self.num_heads}, bidirectional={self.bidirectional}"

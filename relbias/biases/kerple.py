@@ -1,0 +1,124 @@
+"""Kerple (Chi et al., 2022): kernelised relative positional biases, power and logarithmic."""
+
+from __future__ import annotations
+
+import weakref
+
+import torch
+from torch import nn
+from torch.optim.optimizer import register_optimizer_step_post_hook
+
+from relbias._checks import check_positive_float, compute_dtype
+from relbias.biases.base import RelativeBias
+
+_LIVE_KERPLE_MODULES: weakref.WeakSet[_Kerple] = weakref.WeakSet()
+
+
+class _Kerple(RelativeBias):
+    """Shared machinery: learnable ``r1``, ``r2`` per head, projected onto their constraints.
+
+    The constraints are enforced the way the reference code does, by clamping the
+    stored parameters in place: before every forward, and after every
+    ``torch.optim`` step of an optimiser that holds them (a global post-step hook).
+    The formula is even in ``i - j``, so it serves causal and bidirectional attention.
+    """
+
+    r2_max: float | None = None
+
+    def __init__(self, num_heads, *, eps=1e-2):
+        super().__init__(num_heads, bidirectional=True)
+        self.eps = check_positive_float("eps", eps)
+        if self.r2_max is not None and self.eps >= self.r2_max:
+            raise ValueError(f"eps must be < {self.r2_max}, got {self.eps}")
+        # The reference initialises uniformly: the multiplier-like parameter in (0, 2),
+        # the other in (0, 1); see each subclass.
+        self.r1 = nn.Parameter(self._init_r1())
+        self.r2 = nn.Parameter(self._init_r2())
+        self.project_()
+        _LIVE_KERPLE_MODULES.add(self)
+
+    def __setstate__(self, state) -> None:
+        # copy.deepcopy and unpickling (torch.load of a whole module) rebuild the module
+        # without __init__: register the copy too, or its optimiser steps go unprojected.
+        super().__setstate__(state)
+        _LIVE_KERPLE_MODULES.add(self)
+
+    @torch.no_grad()
+    def project_(self) -> None:
+        """Clamp ``r1`` and ``r2`` in place onto the family's constraints.
+
+        Only a parameter that breaks its constraint is written to: an in-place write
+        bumps the tensor's version, which would invalidate the autograd graph of any
+        earlier forward that saved the parameter (calling the module twice, e.g. from
+        two layers, before one backward).
+        """
+        if (self.r1 < self.eps).any():
+            self.r1.clamp_(min=self.eps)
+        r2_max = float("inf") if self.r2_max is None else self.r2_max
+        if ((self.r2 < self.eps) | (self.r2 > r2_max)).any():
+            self.r2.clamp_(min=self.eps, max=self.r2_max)
+
+    def _distance(self, offsets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        self.project_()
+        dtype = compute_dtype(self.r1)
+        r1, r2 = self.r1.to(dtype)[:, None], self.r2.to(dtype)[:, None]
+        return r1, r2, offsets.abs().to(dtype)[None, :]
+
+    def extra_repr(self) -> str:
+        return f"num_heads={self.num_heads}, eps={self.eps}"
+
+
+class KerplePower(_Kerple):
+    r"""Kerple, power form: :math:`\mathrm{PE}(i,j) = -r_1\,|i-j|^{r_2}`.
+
+    Constraints: :math:`r_1 > 0` and :math:`0 < r_2 \le 2`.
+
+    :math:`r_1, r_2` are learned per head (the book's Table 2.4 calls them
+    :math:`\beta_1, \beta_2`). ``r_2 \le 2`` keeps :math:`-|i-j|^{r_2}` a conditionally
+    positive definite kernel; :math:`r_2 = 1` is ALiBi with a learned slope.
+    Initialised as the reference: :math:`r_1 \sim U(0,1)`, :math:`r_2 \sim U(0,2)`.
+    Chi et al. (2022).
+    """
+
+    r2_max = 2.0
+
+    def _init_r1(self):
+        return torch.rand(self.num_heads)
+
+    def _init_r2(self):
+        return torch.rand(self.num_heads) * 2
+
+    def _offset_values(self, offsets):
+        r1, r2, distance = self._distance(offsets)
+        return -r1 * distance.pow(r2)
+
+
+class KerpleLog(_Kerple):
+    r"""Kerple, logarithmic form: :math:`\mathrm{PE}(i,j) = -r_1 \log(1 + r_2 |i-j|)`.
+
+    Constraints: :math:`r_1, r_2 > 0`.
+
+    Learned per head. Initialised as the reference: :math:`r_1 \sim U(0,2)`,
+    :math:`r_2 \sim U(0,1)`. (The reference code names the multiplier ``bias_p`` here,
+    the name it gives the exponent in the power form.) Chi et al. (2022).
+    """
+
+    def _init_r1(self):
+        return torch.rand(self.num_heads) * 2
+
+    def _init_r2(self):
+        return torch.rand(self.num_heads)
+
+    def _offset_values(self, offsets):
+        r1, r2, distance = self._distance(offsets)
+        return -r1 * torch.log1p(r2 * distance)
+
+
+def _project_after_step(optimizer, args, kwargs) -> None:
+    held = {id(p) for group in optimizer.param_groups for p in group["params"]}
+    for module in list(_LIVE_KERPLE_MODULES):
+        if id(module.r1) in held or id(module.r2) in held:
+            module.project_()
+
+
+register_optimizer_step_post_hook(_project_after_step)

@@ -1,0 +1,472 @@
+"""Figures and tables for the chapters on ALiBi and Sandwich, Kerple, FIRE and the comparison.
+
+Every function here only *reads* the library (slopes, bias modules, result dicts) and
+draws or tabulates it, so that the notebook cells stay short. Figures are built with
+:func:`relbias.book.notebook.figure` (no pyplot, nothing displayed twice) and returned;
+tables are returned as ``(rows, headers)`` for :func:`relbias.book.notebook.show_table`.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+
+from relbias.biases.alibi import alibi_slopes
+from relbias.biases.base import RelativeBias
+from relbias.biases.fire import FIRE
+from relbias.book.notebook import figure
+
+# --- ALiBi --------------------------------------------------------------------------------
+
+
+def book_alibi_betas(num_heads: int) -> torch.Tensor:
+    r"""The slopes as the book's Eq. 2.84 prints them, :math:`\beta_k = 1/2^{8/k}`, float64.
+
+    Kept only to show the erratum: the printed rule ignores the head count and grows
+    with :math:`k` towards 1, while Press et al.'s slopes shrink geometrically.
+    """
+    k = torch.arange(1, num_heads + 1, dtype=torch.float64)
+    return 2.0 ** (-8.0 / k)
+
+
+def power_of_two(x: float) -> str:
+    """``x`` written as a power of two, e.g. ``2^-1.5`` (exact for ALiBi's slopes)."""
+    return f"2^{math.log2(x):g}"
+
+
+def alibi_slope_table(num_heads: int, *, head_dim: int | None = None):
+    """Per head: the book's printed beta_k, the paper's m_k (and, with ``head_dim``,
+    the book's equivalent beta_k = m_k sqrt(d)). Returns ``(rows, headers)``."""
+    book = book_alibi_betas(num_heads).tolist()
+    paper = alibi_slopes(num_heads).double().tolist()
+    headers = ["head k", "Eq. 2.84 as printed: 1/2^(8/k)", "paper: m_k", "m_k as a power of 2"]
+    if head_dim is not None:
+        headers.append(f"book's beta_k = m_k sqrt({head_dim})")
+    rows = []
+    for k in range(num_heads):
+        row = [k + 1, book[k], paper[k], power_of_two(paper[k])]
+        if head_dim is not None:
+            row.append(paper[k] * math.sqrt(head_dim))
+        rows.append(row)
+    return rows, headers
+
+
+def plot_alibi_slopes(head_counts=(4, 6, 8, 12, 16), *, erratum_heads: int = 8):
+    """Left: the book's printed slopes against the paper's for ``erratum_heads`` heads.
+
+    Right: the paper's slopes for several head counts (log scale). For a count that is
+    not a power of two the slopes of the lower power of two are followed by every other
+    slope of the next one, so the set interleaves instead of forming one geometric run.
+    """
+    fig, axes = figure(11, 3.8, ncols=2)
+    ax0, ax1 = axes.flat
+    k = np.arange(1, erratum_heads + 1)
+    ax0.plot(
+        k,
+        book_alibi_betas(erratum_heads).numpy(),
+        "s--",
+        color="tab:red",
+        label=r"Eq. 2.84 as printed: $1/2^{8/k}$",
+    )
+    ax0.plot(
+        k,
+        alibi_slopes(erratum_heads).numpy(),
+        "o-",
+        color="tab:blue",
+        label=r"Press et al.: $m_k = 2^{-8k/n}$",
+    )
+    ax0.set_yscale("log", base=2)
+    ax0.set_xlabel(f"head k ({erratum_heads} heads)")
+    ax0.set_ylabel("slope (log scale)")
+    ax0.set_title("the printed slopes grow with k; the paper's shrink", fontsize=9)
+    ax0.legend(fontsize=8)
+    for n in head_counts:
+        ax1.plot(np.arange(1, n + 1), alibi_slopes(n).numpy(), "o-", ms=4, label=f"n = {n}")
+    ax1.set_yscale("log", base=2)
+    ax1.set_xlabel("head k")
+    ax1.set_ylabel("slope m_k (log scale)")
+    ax1.set_title("the paper's slopes for several head counts n", fontsize=9)
+    ax1.legend(fontsize=8)
+    return fig
+
+
+def recency_weights(slopes: torch.Tensor, length: int) -> torch.Tensor:
+    r"""Attention of a content-free query (``q = 0``) at position ``length - 1``, per slope.
+
+    With no content score the weights are the softmax of the bias alone,
+    :math:`\alpha(i, j) \propto e^{-m (i-j)}`. Returns float64 ``[len(slopes), length]``
+    indexed by the offset ``i - j = 0 .. length - 1``.
+    """
+    offsets = torch.arange(length, dtype=torch.float64)
+    return torch.softmax(-torch.as_tensor(slopes).double()[:, None] * offsets[None, :], dim=-1)
+
+
+def attention_span(slopes: torch.Tensor, length: int, mass: float = 0.9) -> list[int]:
+    """Per slope: how many of the nearest keys hold ``mass`` of a content-free query's weight."""
+    cumulative = recency_weights(slopes, length).cumsum(-1)
+    return [int((row < mass).sum()) + 1 for row in cumulative]
+
+
+def plot_recency_weights(slopes_by_label: dict, length: int = 64, *, ax=None):
+    """Content-free attention weights against the offset, one line per slope.
+
+    ``slopes_by_label`` maps a label to a 1-D tensor of slopes; each slope is drawn with
+    its value and the number of nearest keys that hold 90 % of the weight.
+    """
+    if ax is None:
+        fig, axes = figure(5.6 * len(slopes_by_label), 3.6, ncols=len(slopes_by_label))
+        axes = [axes] if len(slopes_by_label) == 1 else list(axes.flat)
+    else:
+        fig, axes = ax.figure, [ax]
+    offsets = np.arange(length)
+    for ax_, (label, slopes) in zip(axes, slopes_by_label.items()):
+        slopes = torch.as_tensor(slopes).double()
+        weights = recency_weights(slopes, length)
+        spans = attention_span(slopes, length)
+        for k in range(len(slopes)):
+            ax_.plot(
+                offsets,
+                weights[k].numpy(),
+                lw=1.2,
+                label=f"k={k + 1}: slope {float(slopes[k]):.3g}, 90% within {spans[k]}",
+            )
+        ax_.set_yscale("log")
+        ax_.set_ylim(1e-6, 1.5)
+        ax_.set_xlabel("offset i - j")
+        ax_.set_ylabel("attention weight (q = 0)")
+        ax_.set_title(label, fontsize=9)
+        ax_.legend(fontsize=6)
+    return fig
+
+
+def word_pair_table(words: list[str], slope: float):
+    """Every causal (query, key) pair of ``words`` grouped by offset, with ALiBi's bias.
+
+    Returns ``(rows, headers)``: one row per offset i - j with the number of pairs, an
+    example pair and PE(i, j) = -slope * (i - j), smallest penalty first.
+    """
+    rows = []
+    for offset in range(len(words)):
+        pairs = [(i, i - offset) for i in range(offset, len(words))]
+        i, j = pairs[0]
+        example = f"q={words[i]} ({i}), k={words[j]} ({j})"
+        rows.append([offset, len(pairs), example, 0.0 - slope * offset])
+    return rows, ["offset i - j", "pairs", "first pair", "PE(i, j)"]
+
+
+def offset_profile(bias: RelativeBias, max_offset: int, *, query_position=None) -> torch.Tensor:
+    """PE at offsets ``0..max_offset`` per head, ``[heads, max_offset + 1]`` float32.
+
+    For FIRE (which also depends on the query position) the row of the query at
+    ``query_position`` (default ``max_offset``) is read.
+    """
+    with torch.no_grad():
+        if bias.offset_only:
+            return bias.offset_table(0, max_offset).float().cpu()
+        i = max_offset if query_position is None else query_position
+        row = bias(1, i + 1, q_start=i)[:, 0, :].float().cpu()
+    return row.flip(-1)[:, : max_offset + 1]
+
+
+def plot_offset_profiles(
+    biases: dict,
+    max_offset: int,
+    *,
+    reference: dict | None = None,
+    train_len: int | None = None,
+    query_position=None,
+    ncols: int = 4,
+    ylim=None,
+    width: float = 3.5,
+    height: float = 3.0,
+):
+    """One panel per entry of ``biases``: PE against the offset i - j, a line per head.
+
+    ``biases`` maps a title to a :class:`RelativeBias` or a tensor ``[heads, offsets]``.
+    ``reference`` (label to bias or tensor) is drawn in every panel as thin grey dashed
+    lines, e.g. ALiBi's fixed slopes next to what a learnable family learned.
+    ``train_len`` marks the last offset seen in training (dotted).
+    """
+
+    def table(item):
+        if isinstance(item, torch.Tensor):
+            return item.detach().float().cpu()
+        return offset_profile(item, max_offset, query_position=query_position)
+
+    n = len(biases)
+    cols = min(n, ncols)
+    rows = math.ceil(n / cols)
+    fig, axes = figure(width * cols, height * rows, nrows=rows, ncols=cols)
+    axes = np.array([[axes]]) if n == 1 else np.asarray(axes).reshape(rows, cols)
+    offsets = np.arange(max_offset + 1)
+    for ax, (name, item) in zip(axes.flat, biases.items()):
+        for ref_name, ref in (reference or {}).items():
+            for h, line in enumerate(table(ref)):
+                ax.plot(
+                    offsets,
+                    line.numpy(),
+                    color="grey",
+                    lw=0.8,
+                    ls="--",
+                    label=ref_name if h == 0 else None,
+                )
+        for h, line in enumerate(table(item)):
+            ax.plot(offsets, line.numpy(), lw=1.3, label=f"head {h}")
+        if train_len is not None:
+            ax.axvline(train_len - 1, color="black", lw=0.6, ls=":")
+        if ylim is not None:
+            ax.set_ylim(*ylim)
+        ax.set_title(name, fontsize=9)
+        ax.set_xlabel("offset i - j")
+    for ax in list(axes.flat)[n:]:
+        ax.axis("off")
+    for row in axes:
+        row[0].set_ylabel("PE(i, j)")
+    axes.flat[0].legend(fontsize=6)
+    return fig
+
+
+def penalty_reach(bias: RelativeBias, threshold: float = 5.0, *, max_offset: int = 100_000):
+    """Per head: the first offset whose bias is at or below ``-threshold``, or None.
+
+    A penalty of 5 cuts a key's attention weight by a factor e^5 (about 150) against a
+    key at offset 0 with the same content score: a rough measure of how far a head sees.
+    Only for offset-only families.
+    """
+    with torch.no_grad():
+        table = bias.offset_table(0, max_offset).double().cpu()
+    reach = []
+    for row in table:
+        hits = (row <= -threshold).nonzero()
+        reach.append(int(hits[0]) if hits.numel() else None)
+    return reach
+
+
+# --- Kerple -------------------------------------------------------------------------------
+
+
+def distance_matrix(n: int) -> torch.Tensor:
+    """``|i - j|`` for positions ``0..n-1``, float64 ``[n, n]``."""
+    x = torch.arange(n, dtype=torch.float64)
+    return (x[:, None] - x[None, :]).abs()
+
+
+def projected_min_eigenvalue(kernel: torch.Tensor) -> float:
+    """The smallest eigenvalue of ``P K P`` over its largest absolute one, in float64.
+
+    ``P = I - 11^T / n`` projects onto vectors whose entries sum to zero, so the value
+    is >= 0 (up to rounding) exactly when ``K`` is conditionally positive definite on
+    these points: ``c^T K c >= 0`` for every ``c`` with ``sum(c) = 0``.
+    """
+    k = kernel.double()
+    n = k.shape[0]
+    proj = torch.eye(n, dtype=torch.float64) - 1.0 / n
+    eig = torch.linalg.eigvalsh(proj @ k @ proj)
+    return float(eig.min() / eig.abs().max())
+
+
+def plot_cpd_scan(exponents, values, *, tolerance: float = 1e-9):
+    """The relative smallest eigenvalue of the projected power kernel against r2."""
+    fig, ax = figure(6.4, 3.4)
+    exponents, values = np.asarray(exponents), np.asarray(values)
+    ok = values >= -tolerance
+    ax.plot(exponents, values, color="grey", lw=0.8)
+    ax.plot(
+        exponents[ok],
+        values[ok],
+        "o",
+        color="tab:green",
+        ms=4,
+        label="conditionally positive definite",
+    )
+    ax.plot(exponents[~ok], values[~ok], "x", color="tab:red", ms=5, label="not CPD")
+    ax.axvline(2.0, color="black", lw=0.6, ls=":")
+    ax.set_xlabel("exponent r2 of the kernel -|i-j|^r2")
+    ax.set_ylabel("min eig(P K P) / max |eig|")
+    ax.set_title("-|i-j|^r2 is conditionally positive definite exactly when r2 <= 2", fontsize=9)
+    ax.legend(fontsize=8)
+    return fig
+
+
+# --- FIRE ---------------------------------------------------------------------------------
+
+
+def plot_fire_inputs(fire: FIRE, short_len: int, long_len: int, *, rows=None):
+    """What FIRE's MLP sees: psi(i-j) / psi(max(L, i)) for a short and a long sequence.
+
+    Left and middle: the normalised input over the causal (query, key) grid for
+    ``short_len`` (below the threshold L) and ``long_len`` (far above it), on one colour
+    scale. Right: the input against the offset i - j for a few query positions ``rows``:
+    below L the curves lie on one another (offset only), above L each query's whole
+    range of offsets is squeezed into [0, 1].
+    """
+    L = float(fire.L.detach())
+    if rows is None:
+        rows = sorted({int(L) // 4, int(L) // 2, int(L) - 1, long_len // 4, long_len - 1})
+    fig, axes = figure(13, 3.8, ncols=3)
+    axes = list(axes.flat)
+    with torch.no_grad():
+        for ax, n in zip(axes[:2], (short_len, long_len)):
+            x = fire.normalized_input(n).float().cpu()
+            x[torch.ones(n, n, dtype=torch.bool).triu(1)] = float("nan")
+            image = ax.imshow(x.numpy(), vmin=0, vmax=1, cmap="magma")
+            ax.set_title(f"{n} tokens (L = {L:g})", fontsize=9)
+            ax.set_xlabel("key j")
+            ax.set_ylabel("query i")
+        fig.colorbar(image, ax=axes[:2], shrink=0.8, label="MLP input")
+        x = fire.normalized_input(long_len).float().cpu()
+        styles = ["-", "--", ":", "-.", "-"]
+        for n, i in enumerate(rows):
+            offsets = np.arange(i + 1)
+            axes[2].plot(
+                offsets,
+                x[i, : i + 1].flip(0).numpy(),
+                lw=1.4 + 0.6 * (i < L),
+                ls=styles[n % len(styles)],
+                label=f"i = {i}" + (" (< L)" if i < L else ""),
+            )
+    axes[2].axvline(L, color="grey", lw=0.6, ls=":")
+    axes[2].set_xlabel("offset i - j")
+    axes[2].set_ylabel("MLP input")
+    axes[2].set_title("input by offset, one line per query i", fontsize=9)
+    axes[2].legend(fontsize=7)
+    return fig
+
+
+# --- results ------------------------------------------------------------------------------
+
+
+def extrapolation_rows(results: dict, *, methods=None):
+    """Per method: parameters, bits per byte at each length, and longest / training ratio.
+
+    Returns ``(rows, headers)`` for :func:`relbias.book.notebook.show_table`.
+    """
+    names = list(results["methods"]) if methods is None else list(methods)
+    first = results["methods"][names[0]]["eval"]
+    headers = ["method", "params"] + [f"bpb @ {r['length']}" for r in first]
+    headers.append(f"bpb @ {first[-1]['length']} / bpb @ {first[0]['length']}")
+    rows = []
+    for name in names:
+        rec = results["methods"][name]
+        bpb = [r["bpb"] for r in rec["eval"]]
+        rows.append([name, rec["params"], *bpb, bpb[-1] / bpb[0]])
+    return rows, headers
+
+
+# --- the book's Table 2.4, extended --------------------------------------------------------
+
+#: PE(i, j) of each method in the book's notation (Table 2.4 and Eqs. 2.78-2.84), and what
+#: the book calls its hyper-parameters; the baselines add no bias.
+TABLE_2_4 = {
+    "offset": (r"$u_{i-j}$, offsets clipped to $m_l - 1$", r"the clip $K$ (here $m_l - 1$)"),
+    "t5": (r"$u_{b(i-j)}$", r"$n_b$, $\mathrm{dist}_{max}$"),
+    "alibi": (r"$-\beta\,(i-j)$", r"$\beta$ per head (fixed slopes)"),
+    "sandwich": (r"$\sum_{k=1}^{d'/2}\cos\big((i-j)/10000^{2k/d'}\big)$", r"$d'$"),
+    "kerple_power": (r"$-\beta_1\,|i-j|^{\beta_2}$", r"none: $\beta_1, \beta_2$ learned"),
+    "kerple_log": (r"$-\beta_1 \log(1 + \beta_2\,|i-j|)$", r"none: $\beta_1, \beta_2$ learned"),
+    "fire": (
+        r"$f_\theta\big(\psi(i-j)/\psi(\max(m_{len}, i))\big)$",
+        r"hidden size; $c$, $m_{len}$ learned",
+    ),
+    "nope": ("no positional information", "none"),
+    "sinusoidal": ("sinusoidal absolute embedding (learned scale)", "none"),
+    "learned": ("learned absolute embedding", r"$m_l$"),
+    "rope": ("rotary embedding of $q$, $k$", "base"),
+}
+
+
+def positional_parameters(name: str, config) -> int:
+    """Learnable positional parameters of a :class:`~relbias.lab.model.TinyLM` built from
+    ``config``.
+
+    The difference between the model's parameter count and that of the same model with
+    no positional information (``nope``): the bias module (shared by the layers, as
+    TinyLM does by default), the learned absolute table, or the sinusoid's scale.
+    """
+    from relbias.lab.training import build_model
+
+    def count(position: str) -> int:
+        return sum(p.numel() for p in build_model(position, config).parameters() if p.requires_grad)
+
+    return count(name) - count("nope")
+
+
+def bias_values_computed(name: str, config, length: int) -> str:
+    """How much work one ``length x length`` causal bias takes, as a short description.
+
+    Offset-only families compute one value per head for each of the ``2 length - 1``
+    offsets of the square (then gather); FIRE runs its MLP at all ``length^2`` (query, key)
+    pairs, each costing ``hidden + hidden * heads`` multiply-adds.
+    """
+    from relbias.biases.registry import make_bias
+    from relbias.lab.model import BIAS_POSITIONS, default_bias_kwargs
+
+    if name not in BIAS_POSITIONS:
+        return {
+            "rope": "rotates q, k: O(n d)",
+            "learned": "table lookup: O(n d)",
+            "sinusoidal": "O(n d) once",
+            "nope": "nothing",
+        }[name]
+    bias = make_bias(name, config.heads, **default_bias_kwargs(name, config.train_len))
+    if bias.offset_only:
+        return f"{2 * length - 1:,} values per head (table + gather)"
+    macs = length * length * (bias.hidden + bias.hidden * bias.num_heads)
+    return f"{length * length:,} MLP inputs, {macs / 1e6:,.0f} M multiply-adds"
+
+
+def table_2_4_rows(results: dict, config, *, cost_length: int = 1024):
+    """The book's Table 2.4, extended with measurements: ``(rows, headers)``.
+
+    For every method in ``results`` (an extrapolation result): PE(i, j) in the book's
+    notation, what the book calls hyper-parameters, learnable positional parameters of the
+    TinyLM of ``config``, the work to build a ``cost_length`` bias, and the extrapolation
+    measured in ``results`` (bits per byte at the longest length over those at the
+    training length).
+    """
+    headers = [
+        "method",
+        "PE(i, j)",
+        "hyper-parameters",
+        "learned parameters",
+        f"work for a {cost_length}-token bias",
+        "bpb longest / bpb train",
+    ]
+    rows = []
+    for name, rec in results["methods"].items():
+        formula, hyper = TABLE_2_4[name]
+        bpb = [r["bpb"] for r in rec["eval"]]
+        rows.append(
+            [
+                name,
+                formula,
+                hyper,
+                positional_parameters(name, config),
+                bias_values_computed(name, config, cost_length),
+                bpb[-1] / bpb[0],
+            ]
+        )
+    return rows, headers
+
+
+def plot_window_loss(evals: dict, train_len: int, *, ax=None, window: int = 32):
+    """Loss by position inside the longest window, one line per entry of ``evals``.
+
+    ``evals`` maps a label to the rows of :func:`relbias.lab.training.evaluate_lengths`; the
+    longest length's ``loss_by_position`` is smoothed by a running mean over ``window``.
+    """
+    if ax is None:
+        fig, ax = figure(6.4, 3.4)
+    else:
+        fig = ax.figure
+    for name, rows in evals.items():
+        row = rows[-1]
+        y = np.convolve(row["loss_by_position"], np.ones(window) / window, mode="valid")
+        ax.plot(np.arange(len(y)) + window - 1, y, lw=1.1, label=name)
+    ax.axvline(train_len, color="grey", lw=0.8)
+    ax.set_xlabel(f"position in the window of {row['length']} (running mean of {window})")
+    ax.set_ylabel("bits per byte")
+    ax.legend(fontsize=7)
+    return fig

@@ -1,0 +1,271 @@
+"""Data: the Python standard library's own source as bytes, and a long-range recall probe.
+
+Nothing is downloaded. The text corpus is read from the running interpreter's
+installation (``sysconfig.get_paths()["stdlib"]``):
+
+- every ``*.py`` file below that folder, except test folders (``test``, ``tests``,
+  ``idle_test``), ``site-packages``/``dist-packages`` and ``__pycache__``;
+- files larger than ``max_file_bytes`` (default 200 kB) are skipped, so that no single
+  file (such as ``pydoc_data/topics.py``) dominates;
+- the files are put in a fixed order, by the SHA-256 of their relative path (a
+  deterministic shuffle that mixes packages), and taken in that order until the
+  size cap ``max_bytes`` (default 3 MB) would be exceeded;
+- a file goes to validation when the SHA-256 of its relative path is divisible by
+  ``val_every`` (default 10, about 10 % of the files), otherwise to training. The
+  split depends on the path alone, so a file never changes sides when the cap changes.
+
+The vocabulary is the 256 byte values. :meth:`ByteCorpus.describe` lists the chosen
+files, their sizes and split, and a SHA-256 of each split, for every result file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import sys
+import sysconfig
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from relbias._checks import check_positive_ints
+
+EXCLUDED_DIRS = frozenset(
+    {"test", "tests", "idle_test", "site-packages", "dist-packages", "__pycache__"}
+)
+DEFAULT_MAX_BYTES = 3_000_000
+DEFAULT_MAX_FILE_BYTES = 200_000
+DEFAULT_VAL_EVERY = 10
+VOCAB_SIZE = 256
+
+FILLER = b"abcdefghijklmnopqrstuvwxyz"
+KEYS = b"ABCDEFGHIJKLMNOPQRSTUVWXYZ"
+VALUES = b"0123456789"
+
+
+def stdlib_root() -> Path:
+    """The folder of the running interpreter's standard library."""
+    return Path(sysconfig.get_paths()["stdlib"])
+
+
+def _path_hash(rel: str) -> str:
+    return hashlib.sha256(rel.encode("utf-8")).hexdigest()
+
+
+def list_source_files(root: Path | str | None = None) -> list[str]:
+    """Relative POSIX paths of the eligible ``*.py`` files under ``root``, sorted."""
+    root = Path(root) if root is not None else stdlib_root()
+    if not root.is_dir():
+        raise FileNotFoundError(f"standard library folder not found: {root}")
+    found = []
+    for path in root.rglob("*.py"):
+        rel = path.relative_to(root)
+        if EXCLUDED_DIRS.isdisjoint(rel.parts[:-1]) and path.is_file():
+            found.append(rel.as_posix())
+    return sorted(found)
+
+
+@dataclass
+class ByteCorpus:
+    """Train and validation bytes (uint8 tensors) and the files they came from."""
+
+    train: torch.Tensor
+    val: torch.Tensor
+    files: list[dict] = field(default_factory=list)
+    root: str = ""
+    max_bytes: int = DEFAULT_MAX_BYTES
+    max_file_bytes: int = DEFAULT_MAX_FILE_BYTES
+    val_every: int = DEFAULT_VAL_EVERY
+
+    def describe(self, *, with_files: bool = True) -> dict:
+        """Provenance: root, Python version, caps, sizes, SHA-256 per split, file list."""
+        info = {
+            "source": "Python standard library *.py files",
+            "root": self.root,
+            "python": sys.version.split()[0],
+            "max_bytes": self.max_bytes,
+            "max_file_bytes": self.max_file_bytes,
+            "val_every": self.val_every,
+            "train_bytes": int(self.train.numel()),
+            "val_bytes": int(self.val.numel()),
+            "train_sha256": _tensor_hash(self.train),
+            "val_sha256": _tensor_hash(self.val),
+            "num_files": {s: sum(f["split"] == s for f in self.files) for s in ("train", "val")},
+        }
+        if with_files:
+            info["files"] = self.files
+        return info
+
+
+def _tensor_hash(t: torch.Tensor) -> str:
+    return hashlib.sha256(t.numpy().tobytes()).hexdigest()
+
+
+def select_files(
+    root: Path | str | None = None,
+    *,
+    max_bytes: int = DEFAULT_MAX_BYTES,
+    max_file_bytes: int = DEFAULT_MAX_FILE_BYTES,
+    val_every: int = DEFAULT_VAL_EVERY,
+) -> list[dict]:
+    """The chosen files in corpus order, each ``{"path", "bytes", "split"}``."""
+    check_positive_ints(max_bytes=max_bytes, max_file_bytes=max_file_bytes, val_every=val_every)
+    root = Path(root) if root is not None else stdlib_root()
+    chosen, total = [], 0
+    for rel in sorted(list_source_files(root), key=_path_hash):
+        size = (root / rel).stat().st_size
+        if size == 0 or size > max_file_bytes or total + size > max_bytes:
+            continue
+        split = "val" if int(_path_hash(rel), 16) % val_every == 0 else "train"
+        chosen.append({"path": rel, "bytes": size, "split": split})
+        total += size
+    return chosen
+
+
+_CACHE: dict = {}
+
+
+def load_corpus(
+    root: Path | str | None = None,
+    *,
+    max_bytes: int = DEFAULT_MAX_BYTES,
+    max_file_bytes: int = DEFAULT_MAX_FILE_BYTES,
+    val_every: int = DEFAULT_VAL_EVERY,
+) -> ByteCorpus:
+    """Read the corpus (cached per argument set). Raises if either split is empty."""
+    root = Path(root) if root is not None else stdlib_root()
+    key = (str(root), max_bytes, max_file_bytes, val_every)
+    if key not in _CACHE:
+        files = select_files(
+            root, max_bytes=max_bytes, max_file_bytes=max_file_bytes, val_every=val_every
+        )
+        parts = {"train": [], "val": []}
+        for f in files:
+            parts[f["split"]].append((root / f["path"]).read_bytes())
+        if not parts["train"] or not parts["val"]:
+            raise ValueError(
+                f"the corpus under {root} has {len(parts['train'])} train and "
+                f"{len(parts['val'])} validation files; raise max_bytes or lower val_every"
+            )
+        train, val = (_to_tensor(b"".join(parts[s])) for s in ("train", "val"))
+        _CACHE[key] = ByteCorpus(train, val, files, str(root), max_bytes, max_file_bytes, val_every)
+    return _CACHE[key]
+
+
+def _to_tensor(data: bytes) -> torch.Tensor:
+    return torch.frombuffer(bytearray(data), dtype=torch.uint8).clone()
+
+
+def random_windows(
+    data: torch.Tensor, batch_size: int, seq_len: int, generator: torch.Generator
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A batch of random windows: inputs and next-byte targets, both ``[batch, seq_len]``."""
+    check_positive_ints(batch_size=batch_size, seq_len=seq_len)
+    if data.numel() < seq_len + 1:
+        raise ValueError(f"data has {data.numel()} bytes, fewer than seq_len + 1 = {seq_len + 1}")
+    starts = torch.randint(0, data.numel() - seq_len, (batch_size,), generator=generator)
+    idx = starts[:, None] + torch.arange(seq_len + 1)
+    chunk = data[idx].long()
+    return chunk[:, :-1], chunk[:, 1:]
+
+
+def eval_windows(data: torch.Tensor, seq_len: int, num_tokens: int) -> tuple:
+    """Non-overlapping windows over the first ``num_tokens`` predicted bytes of ``data``.
+
+    Window ``w`` holds inputs ``data[w*L : (w+1)*L]`` and targets shifted by one, so
+    every target byte is predicted exactly once. Returns ``(inputs, targets)``, each
+    ``[num_tokens // L, L]``; raises when not even one window fits.
+    """
+    check_positive_ints(seq_len=seq_len, num_tokens=num_tokens)
+    count = min(num_tokens, data.numel() - 1) // seq_len
+    if count < 1:
+        raise ValueError(
+            f"validation text of {data.numel()} bytes has no window of length {seq_len}"
+        )
+    span = count * seq_len
+    x = data[:span].long().view(count, seq_len)
+    y = data[1 : span + 1].long().view(count, seq_len)
+    return x, y
+
+
+# --- the long-range probe ------------------------------------------------------------
+
+
+def make_recall_batch(
+    batch_size: int,
+    seq_len: int,
+    distance,
+    *,
+    num_pairs: int = 1,
+    num_distractors: int = 0,
+    generator: torch.Generator,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Key-value recall where the answer lies exactly ``distance`` positions back.
+
+    Each sequence is lowercase filler with ``num_pairs`` key-value pairs written as
+    an uppercase key followed by a digit (``...qwXy7bn...``); the last position holds
+    one of those keys again and the target there is its digit. The target value sits
+    at position ``seq_len - 1 - distance``, so the model must copy it from exactly
+    ``distance`` tokens back (``1 <= distance <= seq_len - 2``). The other pairs use
+    other keys, at random positions. ``num_distractors`` lone digits (not preceded by
+    a key) are scattered over the filler, so that the answer cannot be found as "the
+    only digit" but only as "the digit after the key". Every other target is -100.
+
+    ``distance`` is an int or a LongTensor ``[batch_size]``. Returns ``(inputs, targets)``
+    as LongTensors ``[batch_size, seq_len]``.
+    """
+    check_positive_ints(batch_size=batch_size, seq_len=seq_len, num_pairs=num_pairs)
+    if (
+        isinstance(num_distractors, bool)
+        or not isinstance(num_distractors, int)
+        or num_distractors < 0
+    ):
+        raise ValueError(f"num_distractors must be an integer >= 0, got {num_distractors!r}")
+    dist = torch.as_tensor(distance, dtype=torch.long).expand(batch_size)
+    if int(dist.min()) < 1 or int(dist.max()) > seq_len - 2:
+        raise ValueError(f"distance must lie in 1..seq_len-2 = 1..{seq_len - 2}, got {distance}")
+    if num_pairs > len(KEYS) or 2 * num_pairs + num_distractors + 1 > seq_len:
+        raise ValueError(
+            f"num_pairs={num_pairs} pairs and {num_distractors} distractors "
+            f"do not fit in seq_len={seq_len}"
+        )
+    filler = torch.tensor(list(FILLER))
+    x = filler[torch.randint(len(FILLER), (batch_size, seq_len), generator=generator)]
+    y = torch.full((batch_size, seq_len), -100, dtype=torch.long)
+    for b in range(batch_size):
+        _write_pairs(x[b], int(dist[b]), num_pairs, num_distractors, generator)
+        y[b, -1] = x[b, seq_len - 1 - int(dist[b])]
+    return x, y
+
+
+def _write_pairs(
+    row: torch.Tensor, distance: int, num_pairs: int, num_distractors: int, gen: torch.Generator
+) -> None:
+    """Write the target pair, the other pairs, lone digits and the query key into ``row``."""
+    n = row.numel()
+    keys = torch.tensor(list(KEYS))[torch.randperm(len(KEYS), generator=gen)[:num_pairs]]
+    values = torch.tensor(list(VALUES))[torch.randint(len(VALUES), (num_pairs,), generator=gen)]
+    value_pos = n - 1 - distance
+    taken = {value_pos - 1, value_pos, n - 1}
+    slots, lone = [value_pos], []
+    for p in torch.randperm(n - 2, generator=gen).tolist():
+        pos = p + 1  # a value position in 1..n-2, its key at pos - 1
+        if len(slots) < num_pairs:
+            if pos not in taken and pos - 1 not in taken:
+                taken.update({pos - 1, pos})
+                slots.append(pos)
+        elif len(lone) < num_distractors and pos not in taken:
+            lone.append(pos)
+        if len(slots) == num_pairs and len(lone) == num_distractors:
+            break
+    if len(slots) < num_pairs or len(lone) < num_distractors:
+        raise ValueError(
+            f"num_pairs={num_pairs} pairs and {num_distractors} distractors "
+            f"do not fit in seq_len={n}"
+        )
+    for key, value, pos in zip(keys, values, slots):
+        row[pos - 1], row[pos] = key, value
+    digits = torch.tensor(list(VALUES))
+    for pos in lone:
+        row[pos] = digits[torch.randint(len(VALUES), (1,), generator=gen)]
+    row[n - 1] = keys[0]

@@ -1,0 +1,351 @@
+"""A tiny decoder-only language model whose positional scheme is chosen by name.
+
+:class:`TinyLM` is the model every chapter trains. Its ``position`` argument picks
+either a relative bias family of :func:`relbias.make_bias` (added to the attention
+scores in every layer) or one of the baselines readers compare against:
+
+``nope``
+    no positional information at all (the causal mask alone);
+``sinusoidal``
+    the fixed sinusoidal absolute embedding of Vaswani et al. (2017) times a learned
+    scalar, added to the token embeddings;
+``learned``
+    a learned absolute embedding with one vector per position ``0 .. train_len - 1``;
+``rope``
+    rotary position embedding (Su et al., 2021) applied to queries and keys.
+
+Scales: token embeddings, the learned absolute table and all linear weights start with
+std 0.02 (GPT-2's initialisation); input and output embeddings are tied. The sinusoid
+(RMS 0.707 per dimension) would drown such token embeddings, so it is multiplied by a
+learned scalar (as x-transformers' ScaledSinusoidalEmbedding) initialised to
+:data:`SIN_SCALE` so that it starts at the token embeddings' RMS, 0.02 per dimension.
+(Unscaled, this baseline stayed near 3.3 bits per byte even at the training length in
+our quick runs, against about 2.0 for the others; with x-transformers' initial scale
+``dim ** -0.5`` it still lagged.)
+
+Bias sharing: by default (``share_bias=True``) one bias module serves every layer,
+as T5 shares its bucket table across layers; ``share_bias=False`` gives every layer
+its own module (own parameters for learnable families).
+
+The bias reaches attention prepared (:func:`relbias.attention.flex.prepare_bias`): each forward
+computes a module's O(n) table (FIRE: its O(n) ingredients) once and hands it to the
+layers that share it. :func:`relbias.biased_attention` then picks the backend: in
+training it materialises the bias from that table (gradients reach the parameters),
+and in evaluation on a CPU (no gradients) it adds the bias inside relbias's fused
+kernel (:mod:`relbias.attention.fused`; the strided-table path where that kernel cannot be
+built), with no ``len x len`` tensor per head, so 16x-length evaluations stay cheap.
+``attention_backend`` (an attribute, changeable after training) overrides the choice.
+On CUDA, ``"auto"`` materialises: FlexAttention training on a GPU is not yet verified
+by this project (no GPU was available to it); set ``"flex"`` to try it.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from relbias._checks import check_positive_ints
+from relbias.attention.api import BACKENDS, biased_attention
+from relbias.attention.flex import prepare_bias
+from relbias.biases.registry import BIAS_NAMES as _BIAS_NAMES
+from relbias.biases.registry import make_bias
+
+BIAS_POSITIONS = tuple(_BIAS_NAMES)
+BASELINE_POSITIONS = ("nope", "sinusoidal", "learned", "rope")
+POSITION_NAMES = BIAS_POSITIONS + BASELINE_POSITIONS
+LEARNED_FALLBACKS = ("error", "clip")
+SIN_SCALE = 0.02 * math.sqrt(2.0)  # the sinusoid times this has RMS 0.02 per dimension
+
+
+def default_bias_kwargs(position: str, train_len: int) -> dict:
+    """Keyword arguments :class:`TinyLM` passes to ``make_bias`` unless told otherwise.
+
+    - ``offset``: ``max_offset = train_len - 1`` (exactly the offsets a causal model
+      sees in training) and ``unseen="clip"`` (farther offsets share the edge
+      parameter, Shaw et al.).
+    - ``t5``: 32 causal buckets (``train_len`` buckets when shorter than 32) with
+      ``max_distance = train_len``, so the last bucket is trained and every longer
+      offset shares it (as T5 trains on 512 tokens with ``max_distance = 128``).
+    - ``fire``: threshold ``L = train_len`` (learnable), so progressive interpolation
+      starts where the training length ends.
+    - every other family: the library's defaults.
+    """
+    if position == "offset":
+        return {"max_offset": train_len - 1, "unseen": "clip"}
+    if position == "t5":
+        return {"num_buckets": max(2, min(32, train_len)), "max_distance": train_len}
+    if position == "fire":
+        return {"L": train_len}
+    return {}
+
+
+class LearnedPositions(nn.Module):
+    """Learned absolute embeddings for positions ``0 .. size - 1``.
+
+    ``fallback="error"`` (default) raises a ``ValueError`` for a longer sequence;
+    ``fallback="clip"`` gives every position ``>= size`` the last trained vector.
+    """
+
+    def __init__(self, size: int, dim: int, fallback: str = "error"):
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(size, dim) * 0.02)
+        self.fallback = _check_fallback(fallback)
+
+    def forward(self, seq_len: int) -> torch.Tensor:
+        size = self.weight.shape[0]
+        if seq_len > size and self.fallback == "error":
+            raise ValueError(
+                f"learned absolute positions exist for 0..{size - 1} (train_len={size}), "
+                f"but the input has {seq_len} tokens; pass learned_fallback='clip' to give "
+                "later positions the last trained embedding"
+            )
+        index = torch.arange(seq_len, device=self.weight.device).clamp(max=size - 1)
+        return self.weight[index]
+
+
+def _check_fallback(fallback) -> str:
+    if fallback not in LEARNED_FALLBACKS:
+        raise ValueError(f"learned_fallback must be one of {LEARNED_FALLBACKS}, got {fallback!r}")
+    return fallback
+
+
+def sinusoidal_positions(seq_len: int, dim: int, *, device=None) -> torch.Tensor:
+    """The fixed sinusoidal embedding ``[seq_len, dim]`` (sin on even, cos on odd dims)."""
+    pos = torch.arange(seq_len, dtype=torch.float32, device=device)[:, None]
+    freq = torch.exp(
+        torch.arange(0, dim, 2, dtype=torch.float32, device=device) * (-math.log(10000.0) / dim)
+    )
+    table = torch.zeros(seq_len, dim, device=device)
+    table[:, 0::2] = torch.sin(pos * freq)
+    table[:, 1::2] = torch.cos(pos * freq)[:, : dim // 2]
+    return table
+
+
+class Rotary(nn.Module):
+    """Rotary position embedding on the last dimension of ``[batch, heads, len, head_dim]``.
+
+    ``scale > 1`` divides the positions by ``scale`` (linear position interpolation,
+    Chen et al., 2023): a model trained on ``n`` tokens reads ``scale * n`` tokens in
+    its trained range of angles. Training uses ``scale = 1``.
+    """
+
+    def __init__(self, head_dim: int, base: float = 10000.0, scale: float = 1.0):
+        super().__init__()
+        if head_dim % 2:
+            raise ValueError(f"rope needs an even head dimension, got {head_dim}")
+        inv = base ** (-torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
+        self.register_buffer("inv_freq", inv, persistent=False)
+        self.scale = float(scale)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        pos = torch.arange(x.shape[-2], device=x.device, dtype=torch.float32) / self.scale
+        angles = pos[:, None] * self.inv_freq[None, :]
+        cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
+        x1, x2 = x[..., 0::2], x[..., 1::2]
+        out = torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
+        return out.flatten(-2)
+
+
+class Attention(nn.Module):
+    """Causal multi-head self-attention through :func:`relbias.biased_attention`."""
+
+    def __init__(self, dim: int, heads: int, rotary: Rotary | None = None):
+        super().__init__()
+        self.heads = heads
+        self.qkv = nn.Linear(dim, 3 * dim, bias=False)
+        self.proj = nn.Linear(dim, dim, bias=False)
+        self.rotary = rotary
+
+    def forward(self, x: torch.Tensor, bias=None, backend: str = "auto") -> torch.Tensor:
+        b, t, c = x.shape
+        q, k, v = self.qkv(x).view(b, t, 3, self.heads, c // self.heads).permute(2, 0, 3, 1, 4)
+        if self.rotary is not None:
+            q, k = self.rotary(q), self.rotary(k)
+        if isinstance(bias, torch.Tensor):
+            bias = bias.to(q.dtype)
+        out = biased_attention(q, k, v, bias=bias, causal=True, backend=backend)
+        return self.proj(out.transpose(1, 2).reshape(b, t, c))
+
+
+class Block(nn.Module):
+    """A pre-norm transformer block: ``x + Att(LN(x))`` then ``x + MLP(LN(x))``."""
+
+    def __init__(self, dim: int, heads: int, *, mlp_ratio: int = 4, rotary=None, bias=None):
+        super().__init__()
+        self.norm1 = nn.LayerNorm(dim)
+        self.attn = Attention(dim, heads, rotary)
+        self.norm2 = nn.LayerNorm(dim)
+        self.mlp = nn.Sequential(
+            nn.Linear(dim, mlp_ratio * dim), nn.GELU(), nn.Linear(mlp_ratio * dim, dim)
+        )
+        self.bias = bias
+
+    def forward(self, x: torch.Tensor, bias=None, backend: str = "auto") -> torch.Tensor:
+        if self.bias is not None:
+            bias = prepare_bias(self.bias, x.shape[1])
+        x = x + self.attn(self.norm1(x), bias, backend)
+        return x + self.mlp(self.norm2(x))
+
+
+class TinyLM(nn.Module):
+    """A small decoder-only transformer LM with a named positional scheme.
+
+    Parameters
+    ----------
+    vocab_size, dim, depth, heads:
+        vocabulary (256 for bytes), width, number of blocks, attention heads.
+    position:
+        one of :data:`POSITION_NAMES`: a bias family name of ``make_bias`` or
+        ``nope``, ``sinusoidal``, ``learned``, ``rope``.
+    train_len:
+        the training sequence length; sizes the learned absolute table and the
+        defaults of :func:`default_bias_kwargs`.
+    share_bias:
+        True (default, like T5): one bias module for all layers; False: one per layer.
+    bias_kwargs:
+        overrides of :func:`default_bias_kwargs`, passed to ``make_bias``.
+    learned_fallback:
+        ``position="learned"`` only. ``"error"`` (default): a sequence longer than
+        ``train_len`` raises ``ValueError``; ``"clip"``: positions ``>= train_len``
+        reuse the last trained embedding. Can be changed after training.
+    rope_base, rope_scale:
+        ``position="rope"`` only: the rotation base and the position-interpolation
+        factor (``rope_scale`` can be changed after training).
+    attention_backend:
+        ``backend`` of :func:`relbias.biased_attention` for every layer: ``"auto"``
+        (default; see the module docstring), ``"materialize"``, ``"table"``,
+        ``"flex"`` or ``"fused"``. Can be changed after training.
+
+    ``forward(idx)`` takes byte ids ``[batch, len]`` and returns logits
+    ``[batch, len, vocab_size]``. Input and output embeddings are tied.
+    """
+
+    def __init__(
+        self,
+        vocab_size: int = 256,
+        dim: int = 64,
+        depth: int = 2,
+        heads: int = 4,
+        *,
+        position: str = "alibi",
+        train_len: int = 64,
+        share_bias: bool = True,
+        bias_kwargs: dict | None = None,
+        learned_fallback: str = "error",
+        rope_base: float = 10000.0,
+        rope_scale: float = 1.0,
+        mlp_ratio: int = 4,
+        attention_backend: str = "auto",
+    ):
+        super().__init__()
+        check_positive_ints(
+            vocab_size=vocab_size, dim=dim, depth=depth, heads=heads, train_len=train_len
+        )
+        if dim % heads:
+            raise ValueError(f"dim ({dim}) must be divisible by heads ({heads})")
+        if position not in POSITION_NAMES:
+            raise ValueError(f"position must be one of {POSITION_NAMES}, got {position!r}")
+        if not isinstance(share_bias, bool):
+            raise TypeError(f"share_bias must be True or False, got {share_bias!r}")
+        self.position, self.train_len, self.dim = position, train_len, dim
+        self.heads, self.depth, self.share_bias = heads, depth, share_bias
+        self.bias_kwargs = {**default_bias_kwargs(position, train_len), **(bias_kwargs or {})}
+        self.attention_backend = attention_backend
+        self.embed = nn.Embedding(vocab_size, dim)
+        self.sin_scale = nn.Parameter(torch.tensor(SIN_SCALE)) if position == "sinusoidal" else None
+        self.abs_pos = (
+            LearnedPositions(train_len, dim, learned_fallback) if position == "learned" else None
+        )
+        _check_fallback(learned_fallback)
+        rotary = Rotary(dim // heads, rope_base, rope_scale) if position == "rope" else None
+        self.rotary = rotary
+        self.bias = self._new_bias() if self.uses_bias and share_bias else None
+        per_layer = self.uses_bias and not share_bias
+        self.blocks = nn.ModuleList(
+            Block(
+                dim,
+                heads,
+                mlp_ratio=mlp_ratio,
+                rotary=rotary,
+                bias=self._new_bias() if per_layer else None,
+            )
+            for _ in range(depth)
+        )
+        self.norm = nn.LayerNorm(dim)
+        self.head = nn.Linear(dim, vocab_size, bias=False)
+        self.head.weight = self.embed.weight
+        self._init_weights()
+
+    @property
+    def attention_backend(self) -> str:
+        return self._attention_backend
+
+    @attention_backend.setter
+    def attention_backend(self, value: str) -> None:
+        if value not in BACKENDS:
+            raise ValueError(f"attention_backend must be one of {list(BACKENDS)}, got {value!r}")
+        self._attention_backend = value
+
+    def _backend_for(self, device: torch.device) -> str:
+        if self._attention_backend == "auto" and device.type == "cuda":
+            return "materialize"
+        return self._attention_backend
+
+    @property
+    def uses_bias(self) -> bool:
+        """True when the positional scheme is an additive relative bias."""
+        return self.position in BIAS_POSITIONS
+
+    @property
+    def learned_fallback(self) -> str | None:
+        return self.abs_pos.fallback if self.abs_pos is not None else None
+
+    @learned_fallback.setter
+    def learned_fallback(self, value: str) -> None:
+        if self.abs_pos is not None:
+            self.abs_pos.fallback = _check_fallback(value)
+
+    def bias_modules(self) -> list:
+        """The bias modules: one when shared, one per layer otherwise, none for baselines."""
+        if self.bias is not None:
+            return [self.bias]
+        return [blk.bias for blk in self.blocks if blk.bias is not None]
+
+    def _new_bias(self):
+        return make_bias(self.position, self.heads, **self.bias_kwargs)
+
+    def _init_weights(self) -> None:
+        for name, p in self.named_parameters():
+            if name.startswith("bias") or ".bias." in name:
+                continue  # the bias families initialise themselves
+            if p.dim() == 2 and not name.startswith("abs_pos"):
+                nn.init.normal_(p, std=0.02)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        if idx.dim() != 2:
+            raise ValueError(f"idx must be [batch, len], got shape {tuple(idx.shape)}")
+        t = idx.shape[1]
+        x = self.embed(idx)
+        if self.position == "sinusoidal":
+            table = sinusoidal_positions(t, self.dim, device=x.device)
+            x = x + (self.sin_scale * table).to(x.dtype)
+        elif self.abs_pos is not None:
+            x = x + self.abs_pos(t)
+        shared = prepare_bias(self.bias, t) if self.bias is not None else None
+        backend = self._backend_for(x.device)
+        for block in self.blocks:
+            x = block(x, shared, backend)
+        return self.head(self.norm(x))
+
+    def extra_repr(self) -> str:
+        return (
+            f"position={self.position!r}, train_len={self.train_len}, share_bias={self.share_bias}"
+        )
+
+
+def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Mean cross-entropy in nats; targets equal to -100 are ignored."""
+    return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=-100)

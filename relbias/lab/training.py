@@ -1,0 +1,697 @@
+"""Training and evaluation of :class:`~relbias.lab.model.TinyLM`: configs, device, seeds,
+the training loop, length-extrapolation and recall-probe evaluation, results with
+provenance, plots, and read-back of what a bias family learned.
+
+Two named configurations (:func:`get_config`):
+
+``quick``
+    the default on a CPU and whenever the ``CI`` environment variable is set; sized
+    so that training and evaluating one method takes about 25 s on a 2-core CPU and
+    the whole 11-method extrapolation sweep stays under 10 minutes.
+``full``
+    the default when CUDA is available: a wider, deeper model trained longer on
+    longer sequences.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import platform
+import random
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from relbias.lab.data import eval_windows, make_recall_batch, random_windows
+from relbias.lab.model import TinyLM, lm_loss
+
+LN2 = math.log(2.0)
+RESULTS_DIR = Path(__file__).with_name("results")
+
+
+# --- configuration ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Config:
+    """Everything that sizes a run. Field names are recorded in every result file."""
+
+    name: str = "quick"
+    dim: int = 64
+    depth: int = 2
+    heads: int = 4
+    train_len: int = 64
+    batch_size: int = 32
+    steps: int = 1000
+    lr: float = 3e-3
+    warmup: int = 50
+    weight_decay: float = 0.01
+    grad_clip: float = 1.0
+    eval_factors: tuple = (1, 2, 4, 8, 16)
+    eval_tokens: int = 16384
+    eval_batch_size: int = 8
+    corpus_bytes: int = 3_000_000
+    seed: int = 0
+    probe_steps: int = 600
+    probe_batch_size: int = 32
+    probe_num_pairs: int = 1
+    probe_distractors: int = 0
+    probe_eval_factors: tuple = (1, 4)
+    probe_eval_samples: int = 100
+
+    def replace(self, **changes) -> Config:
+        """A copy with some fields changed (checked like a new config)."""
+        return dataclasses.replace(self, **changes)
+
+    def __post_init__(self):
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, list):
+                value = tuple(value)
+                object.__setattr__(self, f.name, value)
+            if f.name in ("name", "lr", "weight_decay", "grad_clip", "seed", "probe_distractors"):
+                continue
+            items = value if isinstance(value, tuple) else (value,)
+            if not items or any(
+                isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in items
+            ):
+                raise ValueError(f"config field {f.name} must hold integers >= 1, got {value!r}")
+        if self.dim % self.heads:
+            raise ValueError(f"dim ({self.dim}) must be divisible by heads ({self.heads})")
+        if not self.lr > 0:
+            raise ValueError(f"lr must be > 0, got {self.lr}")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
+            raise ValueError(f"seed must be an integer >= 0, got {self.seed!r}")
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+CONFIGS = {
+    "quick": Config(),
+    "full": Config(
+        name="full",
+        dim=256,
+        depth=4,
+        heads=8,
+        train_len=256,
+        batch_size=32,
+        steps=4000,
+        lr=1e-3,
+        warmup=200,
+        eval_tokens=131072,
+        eval_batch_size=8,
+        corpus_bytes=4_000_000,
+        probe_steps=3000,
+        probe_batch_size=64,
+        probe_num_pairs=4,
+        probe_eval_samples=200,
+    ),
+}
+
+
+def get_config(name: str | None = None, **overrides) -> Config:
+    """The named configuration, with optional field overrides.
+
+    With ``name=None``: ``quick`` when the ``CI`` environment variable is set (to
+    anything but empty) or no CUDA device is present, else ``full``.
+    """
+    if name is None:
+        name = "quick" if os.environ.get("CI") or not torch.cuda.is_available() else "full"
+    if name not in CONFIGS:
+        raise ValueError(f"config name must be one of {sorted(CONFIGS)}, got {name!r}")
+    return CONFIGS[name].replace(**overrides) if overrides else CONFIGS[name]
+
+
+# --- device and seeds ----------------------------------------------------------------------
+
+
+def pick_device(preferred: str | None = None, *, verbose: bool = True) -> torch.device:
+    """CUDA if available, then Apple MPS, then CPU (or ``preferred``); printed when verbose."""
+    if preferred is not None:
+        device = torch.device(preferred)
+    elif torch.cuda.is_available():
+        device = torch.device("cuda")
+    elif getattr(torch.backends, "mps", None) and torch.backends.mps.is_available():
+        device = torch.device("mps")
+    else:
+        device = torch.device("cpu")
+    if verbose:
+        print(f"relbias: using device {device_name(device)}")
+    return device
+
+
+def device_name(device: torch.device) -> str:
+    """A readable device description (the GPU model on CUDA)."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return f"cuda ({torch.cuda.get_device_name(device)})"
+    if device.type == "cpu":
+        return f"cpu ({torch.get_num_threads()} threads)"
+    return str(device)
+
+
+def seed_everything(seed: int) -> None:
+    """Seed Python, NumPy and torch; ask for deterministic algorithms (warn only)."""
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+    torch.use_deterministic_algorithms(True, warn_only=True)
+
+
+def _autocast(device: torch.device):
+    """bfloat16 autocast on CUDA, nothing elsewhere."""
+    return torch.autocast("cuda", dtype=torch.bfloat16, enabled=device.type == "cuda")
+
+
+def _progress_bar(total: int, desc: str | None, enabled: bool):
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc=desc, disable=not enabled, leave=False, unit="step")
+
+
+# --- model construction ----------------------------------------------------------------
+
+
+def build_model(position: str, config: Config, **kwargs) -> TinyLM:
+    """A :class:`TinyLM` sized by ``config``; extra keyword arguments go to TinyLM."""
+    return TinyLM(
+        dim=config.dim,
+        depth=config.depth,
+        heads=config.heads,
+        position=position,
+        train_len=config.train_len,
+        **kwargs,
+    )
+
+
+# --- training ------------------------------------------------------------------------------
+
+
+def _lr_at(step: int, config: Config, steps: int) -> float:
+    """Linear warm-up, then cosine decay to 10 % of the peak."""
+    warm = min(config.warmup, max(steps // 10, 1))
+    if step < warm:
+        return config.lr * (step + 1) / warm
+    frac = (step - warm) / max(steps - warm, 1)
+    return config.lr * (0.1 + 0.45 * (1 + math.cos(math.pi * frac)))
+
+
+def train_lm(
+    model: TinyLM,
+    data,
+    config: Config,
+    *,
+    steps: int | None = None,
+    device=None,
+    progress: bool = True,
+    desc: str | None = None,
+    seed: int | None = None,
+) -> dict:
+    """Train ``model`` in place with AdamW and return its training history.
+
+    ``data`` is either a uint8 tensor of training bytes (random windows of
+    ``config.train_len``) or a function ``batch(generator) -> (inputs, targets)``.
+    Batches come from a ``torch.Generator`` seeded with ``seed`` (default
+    ``config.seed``), so every method sees the same batches. ``progress`` shows a
+    tqdm bar with loss and speed (``tqdm.auto``: the notebook widget in Jupyter).
+
+    Returns ``{"steps", "tokens", "wall_s", "tokens_per_s", "losses", "final_loss_bits"}``
+    where ``losses`` is the training loss in bits per step.
+    """
+    steps = config.steps if steps is None else steps
+    device = torch.device(device) if device is not None else next(model.parameters()).device
+    model.to(device).train()
+    gen = torch.Generator().manual_seed(config.seed if seed is None else seed)
+    batch = data if callable(data) else _text_batches(data, config)
+    opt = _optimizer(model, config)
+    losses, tokens, start = [], 0, time.perf_counter()
+    with _progress_bar(steps, desc, progress) as bar:
+        for step in range(steps):
+            for group in opt.param_groups:
+                group["lr"] = _lr_at(step, config, steps)
+            x, y = (t.to(device) for t in batch(gen))
+            with _autocast(device):
+                loss = lm_loss(model(x), y)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
+            opt.step()
+            losses.append(loss.item() / LN2)
+            tokens += x.numel()
+            bar.update(1)
+            if step % 10 == 0 or step == steps - 1:
+                bar.set_postfix(bits=f"{losses[-1]:.3f}", refresh=False)
+    wall = time.perf_counter() - start
+    model.eval()
+    tail = losses[-max(1, min(20, steps)) :]
+    return {
+        "steps": steps,
+        "tokens": tokens,
+        "wall_s": wall,
+        "tokens_per_s": tokens / max(wall, 1e-9),
+        "losses": losses,
+        "final_loss_bits": sum(tail) / len(tail),
+    }
+
+
+def _text_batches(data: torch.Tensor, config: Config):
+    def batch(gen):
+        return random_windows(data, config.batch_size, config.train_len, gen)
+
+    return batch
+
+
+def _optimizer(model: torch.nn.Module, config: Config) -> torch.optim.Optimizer:
+    """AdamW; weight decay only on matrices outside the bias modules."""
+    decay, no_decay = [], []
+    for name, p in model.named_parameters():
+        if not p.requires_grad:
+            continue
+        is_bias_module = name.startswith("bias.") or ".bias." in name
+        (decay if p.dim() == 2 and not is_bias_module else no_decay).append(p)
+    groups = [
+        {"params": decay, "weight_decay": config.weight_decay},
+        {"params": no_decay, "weight_decay": 0.0},
+    ]
+    return torch.optim.AdamW(groups, lr=config.lr, betas=(0.9, 0.95))
+
+
+# --- evaluation ----------------------------------------------------------------------------
+
+
+@torch.no_grad()
+def evaluate_lengths(
+    model: TinyLM,
+    data: torch.Tensor,
+    config: Config,
+    *,
+    factors=None,
+    device=None,
+    progress: bool = False,
+) -> list[dict]:
+    """Bits per byte on validation text at each length ``factor * train_len``.
+
+    Every length reads the same first ``config.eval_tokens`` bytes (rounded down to
+    whole windows of the longest length), cut into non-overlapping windows, so
+    lengths differ only in how much context each prediction has. Returns one dict
+    per factor: ``factor``, ``length``, ``windows``, ``bpb`` and ``loss_by_position``
+    (mean bits at each position inside the window).
+    """
+    factors = tuple(config.eval_factors if factors is None else factors)
+    if not factors or any(isinstance(f, bool) or not isinstance(f, int) or f < 1 for f in factors):
+        raise ValueError(f"factors must be integers >= 1, got {factors!r}")
+    device = torch.device(device) if device is not None else next(model.parameters()).device
+    longest = max(factors) * config.train_len
+    num_tokens = max(config.eval_tokens // longest, 1) * longest
+    model.to(device).eval()
+    rows = []
+    for factor in _progress_iter(factors, "eval", progress):
+        length = factor * config.train_len
+        x, y = eval_windows(data, length, num_tokens)
+        per_pos = _loss_by_position(model, x, y, config.eval_batch_size, device)
+        rows.append(
+            {
+                "factor": factor,
+                "length": length,
+                "windows": int(x.shape[0]),
+                "bpb": float(per_pos.mean()),
+                "loss_by_position": [round(v, 4) for v in per_pos.tolist()],
+            }
+        )
+    return rows
+
+
+def _progress_iter(items, desc: str, enabled: bool):
+    from tqdm.auto import tqdm
+
+    return tqdm(items, desc=desc, disable=not enabled, leave=False)
+
+
+def _loss_by_position(model, x, y, batch_size, device) -> torch.Tensor:
+    """Mean loss in bits at each window position, over all windows."""
+    total = torch.zeros(x.shape[1], dtype=torch.float64)
+    for start in range(0, x.shape[0], batch_size):
+        xb, yb = x[start : start + batch_size].to(device), y[start : start + batch_size].to(device)
+        with _autocast(device):
+            logits = model(xb)
+        loss = torch.nn.functional.cross_entropy(
+            logits.float().transpose(1, 2), yb, reduction="none"
+        )
+        if not torch.isfinite(loss).all():
+            raise FloatingPointError("evaluation produced a non-finite loss")
+        total += loss.sum(0).double().cpu()
+    return total / x.shape[0] / LN2
+
+
+# --- the recall probe --------------------------------------------------------------------
+
+
+def probe_batches(config: Config, *, max_distance: int | None = None):
+    """Training batches for the recall probe: distances uniform in 1..max_distance.
+
+    The default ``max_distance`` is ``train_len - 2``, the farthest that fits.
+    """
+    max_distance = config.train_len - 2 if max_distance is None else max_distance
+
+    def batch(gen):
+        dist = torch.randint(1, max_distance + 1, (config.probe_batch_size,), generator=gen)
+        return make_recall_batch(
+            config.probe_batch_size,
+            config.train_len,
+            dist,
+            num_pairs=config.probe_num_pairs,
+            num_distractors=config.probe_distractors,
+            generator=gen,
+        )
+
+    return batch
+
+
+def default_distances(seq_len: int) -> list[int]:
+    """Distances 1, 2, 4, ... and seq_len - 2: every power of two that fits, and the farthest."""
+    out, d = [], 1
+    while d <= seq_len - 2:
+        out.append(d)
+        d *= 2
+    if out[-1] != seq_len - 2:
+        out.append(seq_len - 2)
+    return out
+
+
+@torch.no_grad()
+def evaluate_retrieval(
+    model: TinyLM,
+    config: Config,
+    *,
+    seq_len: int,
+    distances=None,
+    samples: int | None = None,
+    device=None,
+    seed: int = 1234,
+) -> list[dict]:
+    """Recall accuracy at each distance, in sequences of ``seq_len`` tokens.
+
+    ``samples`` sequences per distance (default ``config.probe_eval_samples``), from a
+    generator seeded with ``seed`` (different from training). Returns one dict per
+    distance: ``length``, ``distance``, ``accuracy``, ``samples``.
+    """
+    distances = default_distances(seq_len) if distances is None else list(distances)
+    samples = config.probe_eval_samples if samples is None else samples
+    device = torch.device(device) if device is not None else next(model.parameters()).device
+    gen = torch.Generator().manual_seed(seed)
+    model.to(device).eval()
+    rows = []
+    for d in distances:
+        x, y = make_recall_batch(
+            samples,
+            seq_len,
+            d,
+            num_pairs=config.probe_num_pairs,
+            num_distractors=config.probe_distractors,
+            generator=gen,
+        )
+        correct = 0
+        for start in range(0, samples, config.eval_batch_size * 4):
+            xb = x[start : start + config.eval_batch_size * 4].to(device)
+            with _autocast(device):
+                pred = model(xb)[:, -1].argmax(-1).cpu()
+            correct += int((pred == y[start : start + xb.shape[0], -1]).sum())
+        rows.append(
+            {"length": seq_len, "distance": d, "accuracy": correct / samples, "samples": samples}
+        )
+    return rows
+
+
+# --- results and provenance ------------------------------------------------------------------
+
+
+def provenance(config: Config, device, *, wall_s: float | None = None) -> dict:
+    """Where a result came from: config, device, versions, commit, time, wall time."""
+    from relbias import __version__
+
+    return {
+        "config": config.to_dict(),
+        "device": device_name(device),
+        "torch": torch.__version__,
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "relbias": __version__,
+        "commit": _git_commit(),
+        "created_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "wall_s": wall_s,
+        "command": " ".join(sys.argv),
+    }
+
+
+def _git_commit() -> str | None:
+    """The repository's HEAD commit (with ``+dirty`` when the tree has changes), or None."""
+    here = Path(__file__).resolve().parent
+    try:
+        head = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, timeout=10
+        )
+        if head.returncode != 0:
+            return None
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain"], cwd=here, capture_output=True, text=True, timeout=10
+        )
+        return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def save_results(results: dict, path) -> Path:
+    """Write ``results`` as JSON (creating folders); returns the path."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(results, indent=1) + "\n")
+    return path
+
+
+def load_results(path_or_name) -> dict:
+    """Read a result file: a path, or the name of one stored in ``relbias/lab/results``.
+
+    ``load_results("quick_extrapolation")`` reads ``relbias/lab/results/quick_extrapolation.json``.
+    """
+    path = Path(path_or_name)
+    if not path.exists():
+        stored = RESULTS_DIR / f"{path_or_name}.json"
+        if not stored.exists():
+            names = sorted(p.stem for p in RESULTS_DIR.glob("*.json"))
+            raise FileNotFoundError(f"no result file {path_or_name!r}; stored results: {names}")
+        path = stored
+    return json.loads(path.read_text())
+
+
+# --- learned-bias read-back ------------------------------------------------------------
+
+
+@torch.no_grad()
+def learned_bias(
+    model_or_bias, max_offset: int, *, query_position: int | None = None, layer: int = 0
+) -> torch.Tensor:
+    """PE at offsets ``0 .. max_offset`` for each head, as a float32 CPU tensor
+    ``[num_heads, max_offset + 1]``.
+
+    ``model_or_bias`` is a :class:`~relbias.RelativeBias` or a :class:`TinyLM` with a
+    bias (its shared module, or layer ``layer``'s when biases are per layer). Offset-only
+    families give their offset table. FIRE depends on the query position too: it is
+    read at query position ``query_position`` (default ``max_offset``, which must be
+    ``>= max_offset``) against keys ``query_position - offset``.
+    """
+    from relbias.biases.base import RelativeBias
+
+    bias = model_or_bias
+    if isinstance(model_or_bias, TinyLM):
+        modules = model_or_bias.bias_modules()
+        if not modules:
+            raise ValueError(f"position {model_or_bias.position!r} has no additive bias to read")
+        if not 0 <= layer < len(modules):
+            raise ValueError(f"layer must be in 0..{len(modules) - 1}, got {layer}")
+        bias = modules[layer]
+    if not isinstance(bias, RelativeBias):
+        raise TypeError(f"expected a TinyLM or RelativeBias, got {type(bias).__name__}")
+    if isinstance(max_offset, bool) or not isinstance(max_offset, int) or max_offset < 0:
+        raise ValueError(f"max_offset must be an integer >= 0, got {max_offset!r}")
+    if bias.offset_only:
+        return bias.offset_table(0, max_offset).float().cpu()
+    i = max_offset if query_position is None else query_position
+    if i < max_offset:
+        raise ValueError(f"query_position ({i}) must be >= max_offset ({max_offset})")
+    row = bias(1, i + 1, q_start=i)[:, 0, :]  # keys j = 0..i, offsets i..0
+    return row.flip(-1)[:, : max_offset + 1].float().cpu()
+
+
+# --- plots -------------------------------------------------------------------------------
+
+
+def plot_results(results: dict, path=None, *, factor: int | None = None):
+    """Plot any result of :mod:`relbias.lab.experiments`; save to ``path`` if given.
+
+    Extrapolation: bits per byte against evaluation length, and the loss by position
+    at the longest (or given) length. Retrieval: accuracy against distance per length.
+    Returns the matplotlib figure.
+    """
+    import matplotlib.pyplot as plt
+
+    kind = results.get("kind")
+    if kind == "extrapolation":
+        fig, axes = plt.subplots(1, 2, figsize=(12, 4.2))
+        plot_extrapolation(results, ax=axes[0])
+        plot_loss_by_position(results, factor=factor, ax=axes[1])
+    elif kind == "retrieval":
+        lengths = sorted({r["length"] for m in results["methods"].values() for r in m["eval"]})
+        fig, axes = plt.subplots(1, len(lengths), figsize=(6 * len(lengths), 4.2), squeeze=False)
+        for ax, length in zip(axes[0], lengths):
+            plot_retrieval(results, length=length, ax=ax)
+    else:
+        raise ValueError(f"results kind must be 'extrapolation' or 'retrieval', got {kind!r}")
+    fig.suptitle(_title(results), fontsize=9)
+    fig.tight_layout()
+    if path is not None:
+        fig.savefig(path, dpi=110)
+    return fig
+
+
+def _title(results: dict) -> str:
+    prov = results.get("provenance", {})
+    cfg = prov.get("config", {})
+    return (
+        f"{results.get('kind')} - config {cfg.get('name')}, train_len {cfg.get('train_len')}, "
+        f"{cfg.get('steps')} steps, {prov.get('device')}"
+    )
+
+
+def _style(name: str) -> dict:
+    """A fixed colour per method (tab10 plus black); dashed lines for the baselines."""
+    import matplotlib
+
+    from relbias.lab.model import BASELINE_POSITIONS, POSITION_NAMES
+
+    colors = [*matplotlib.colormaps["tab10"].colors, "black"]
+    index = POSITION_NAMES.index(name) if name in POSITION_NAMES else 0
+    return {
+        "linestyle": "--" if name in BASELINE_POSITIONS else "-",
+        "marker": "o",
+        "markersize": 3,
+        "color": colors[index % len(colors)],
+    }
+
+
+def plot_extrapolation(results: dict, ax=None):
+    """Bits per byte against evaluation length (log scale), one line per method."""
+    import matplotlib.pyplot as plt
+
+    ax = ax or plt.gca()
+    for name, res in results["methods"].items():
+        lengths = [r["length"] for r in res["eval"]]
+        ax.plot(lengths, [r["bpb"] for r in res["eval"]], label=name, **_style(name))
+    ax.axvline(results["provenance"]["config"]["train_len"], color="grey", lw=0.8)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("evaluation length (tokens); grey line: training length")
+    ax.set_ylabel("validation bits per byte")
+    ax.legend(fontsize=7, ncol=2)
+    return ax
+
+
+def plot_loss_by_position(results: dict, factor: int | None = None, ax=None, *, window: int = 16):
+    """Loss (bits) against position in the window at one length, smoothed over ``window``."""
+    import matplotlib.pyplot as plt
+
+    ax = ax or plt.gca()
+    for name, res in results["methods"].items():
+        rows = res["eval"]
+        row = rows[-1] if factor is None else next(r for r in rows if r["factor"] == factor)
+        y = np.convolve(row["loss_by_position"], np.ones(window) / window, mode="valid")
+        style = _style(name)
+        ax.plot(
+            np.arange(len(y)) + window - 1,
+            y,
+            label=name,
+            lw=1,
+            linestyle=style["linestyle"],
+            color=style["color"],
+        )
+    ax.axvline(results["provenance"]["config"]["train_len"], color="grey", lw=0.8)
+    ax.set_xlabel(f"position in the window (length {row['length']}, mean of {window})")
+    ax.set_ylabel("bits per byte")
+    ax.legend(fontsize=7, ncol=2)
+    return ax
+
+
+def plot_retrieval(results: dict, length: int | None = None, ax=None):
+    """Recall accuracy against distance at one sequence length, one line per method."""
+    import matplotlib.pyplot as plt
+
+    ax = ax or plt.gca()
+    for name, res in results["methods"].items():
+        rows = [r for r in res["eval"] if length is None or r["length"] == length]
+        ax.plot(
+            [r["distance"] for r in rows], [r["accuracy"] for r in rows], label=name, **_style(name)
+        )
+    ax.axvline(results["provenance"]["config"]["train_len"] - 2, color="grey", lw=0.8)
+    ax.axhline(0.1, color="grey", lw=0.8, linestyle=":")
+    ax.set_xscale("log", base=2)
+    ax.set_ylim(-0.03, 1.03)
+    ax.set_xlabel("distance back to the answer (grey: farthest trained; dotted: chance)")
+    ax.set_ylabel("accuracy")
+    ax.set_title(f"sequence length {length}" if length else "", fontsize=9)
+    ax.legend(fontsize=7, ncol=2)
+    return ax
+
+
+def learned_bias_from_results(results: dict) -> dict:
+    """The read-back stored in an extrapolation result: ``{method: tensor [heads, offsets]}``."""
+    return {
+        name: torch.tensor(rec["learned_bias"]["values"])
+        for name, rec in results["methods"].items()
+        if rec.get("learned_bias")
+    }
+
+
+def plot_learned_bias(
+    biases: dict,
+    max_offset: int,
+    *,
+    train_len: int | None = None,
+    query_position: int | None = None,
+):
+    """One panel per family: PE against offset, one line per head.
+
+    ``biases`` maps a name to a TinyLM, a RelativeBias or an already read-back tensor
+    ``[heads, offsets]``. ``train_len`` draws the last trained offset. Returns the figure.
+    """
+    import matplotlib.pyplot as plt
+
+    n = len(biases)
+    cols = min(n, 4)
+    rows = math.ceil(n / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(3.4 * cols, 2.8 * rows), squeeze=False)
+    for ax, (name, item) in zip(axes.flat, biases.items()):
+        table = (
+            item
+            if isinstance(item, torch.Tensor)
+            else learned_bias(item, max_offset, query_position=query_position)
+        )
+        for h, line in enumerate(table):
+            ax.plot(range(table.shape[1]), line.numpy(), lw=1, label=f"head {h}")
+        if train_len is not None:
+            ax.axvline(train_len - 1, color="grey", lw=0.8)
+        ax.set_title(name, fontsize=9)
+        ax.set_xlabel("offset i - j")
+    for ax in list(axes.flat)[n:]:
+        ax.axis("off")
+    axes.flat[0].set_ylabel("PE(i, j)")
+    axes.flat[0].legend(fontsize=6)
+    fig.tight_layout()
+    return fig

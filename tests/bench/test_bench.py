@@ -1,0 +1,146 @@
+"""A smoke test of the benchmark's command line at tiny sizes (nothing is timed here)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from relbias import bench
+
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")  # x-transformers
+
+
+@pytest.mark.reference
+def test_bench_cli_writes_json(tmp_path, capsys):
+    out = tmp_path / "bench.json"
+    code = bench.main(
+        [
+            "--lengths",
+            "32,48",
+            "--families",
+            "alibi,t5,kerple_log",
+            "--methods",
+            "sdpa,materialize,table,xt,hf_t5",
+            "--repeats",
+            "1",
+            "--backward-max",
+            "32",
+            "--threads",
+            "1",
+            "--out",
+            str(out),
+        ]
+    )
+    assert code == 0
+    printed = capsys.readouterr().out
+    assert "Forward time" in printed and "Peak memory" in printed and f"wrote {out}" in printed
+    report = json.loads(out.read_text())
+    for key in ("machine", "torch", "threads", "timing_method", "memory_method", "goals"):
+        assert key in report
+    assert report["threads"] == 1
+    rows = {(r["pass"], r["family"], r["n"], r["method"]): r for r in report["results"]}
+    # the floor once per length and pass; references only for their families
+    assert rows[("forward", None, 32, "sdpa")]["seconds_median"] > 0
+    assert rows[("forward", "t5", 48, "hf_t5")]["ratio_to_floor"] > 0
+    assert "skipped" in rows[("forward", "kerple_log", 32, "xt")]
+    assert ("forward_backward", "alibi", 48, "materialize") not in rows  # n > --backward-max
+    assert rows[("forward_backward", "alibi", 32, "xt")]["seconds_median"] > 0
+    # every method computes the same attention as the first one measured
+    for (pass_, family, n, method), row in rows.items():
+        if pass_ == "forward" and method != "sdpa" and "max_abs_diff" in row:
+            assert row["max_abs_diff"] < 1e-4, (family, n, method)
+    memory = [r for r in report["results"] if r["pass"] == "memory"]
+    assert {r["method"] for r in memory} == {"sdpa", "materialize", "table", "xt", "hf_t5"}
+    assert not [r for r in memory if "error" in r]
+    assert all(r["peak_extra_bytes"] >= 0 and r["input_bytes"] > 0 for r in memory)
+    # what the book reads from a report
+    assert "torch " in bench.provenance(report)
+    assert bench.summary(report)["n_forward"] == 48
+    assert bench.goal_rows(report)
+    assert len(bench.plot_forward(report, ["alibi", "t5"]).axes) == 2
+    assert bench.plot_memory(report, "t5").axes
+
+
+def test_bench_rejects_unknown_names():
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--families", "nope"])
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--methods", "nope"])
+
+
+def test_quick_defaults():
+    args = bench.parse_args(["--quick"])
+    assert args.lengths == list(bench.QUICK_LENGTHS)
+    assert args.out.endswith("cpu-quick.json")
+    assert bench.parse_args([]).lengths == list(bench.FULL_LENGTHS)
+
+
+def test_stored_reports_load_by_name():
+    from relbias import bench
+
+    full, quiet = bench.load_report(), bench.load_report(name="cpu_n4096_quiet")
+    assert full["config"]["lengths"][-1] == 16384
+    assert quiet["config"]["lengths"] == [4096]
+    assert set(quiet["goals"]["forward_n4096"]) == set(full["config"]["families"])
+    with pytest.raises(ValueError, match="name must be a file name"):
+        bench.load_report(name="../cpu")
+    with pytest.raises(ValueError, match="no stored benchmark named 'gpu'"):
+        bench.load_report(name="gpu")
+
+
+def _table_tiles():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "table_tiles.py"
+    spec = importlib.util.spec_from_file_location("table_tiles", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_table_tiles_script_runs_and_restores_settings(capsys):
+    """benchmarks/table_tiles.py at a tiny size: it prints every strategy and leaves
+    flex's tile sizes as they were."""
+    from relbias.attention import flex
+
+    before = flex.TILE_ROWS, flex.STRIP_ROWS
+    code = _table_tiles().main(
+        [
+            "--n",
+            "40",
+            "--tile",
+            "16",
+            "--strip",
+            "8",
+            "--rounds",
+            "1",
+            "--heads",
+            "2",
+            "--head-dim",
+            "8",
+            "--families",
+            "alibi",
+        ]
+    )
+    assert code == 0
+    printed = capsys.readouterr().out
+    for name in ("floor", "alibi tiles", "alibi blocks of 256"):
+        assert name in printed
+    assert (flex.TILE_ROWS, flex.STRIP_ROWS) == before
+
+
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (["--tile", "100", "--strip", "30"], "multiple of --strip"),
+        (["--n", "0"], "--n must be >= 1"),
+        (["--families", "fire"], "invalid choice"),
+    ],
+)
+def test_table_tiles_script_rejects_bad_arguments(argv, message, capsys):
+    with pytest.raises(SystemExit) as err:
+        _table_tiles().main(argv)
+    assert err.value.code == 2
+    assert message in capsys.readouterr().err

@@ -1,0 +1,475 @@
+"""The book's sources are consistent: table of contents, chapter conventions, stored outputs.
+
+These checks need no kernel and no build; nbval (in scripts/test.sh) re-runs every
+chapter and compares its outputs, and tests/test_browser.py checks the built pages.
+
+- every notebook in book/ is in _toc.yml, and every _toc.yml entry exists;
+- the first code cell of every chapter is the Colab install cell, installing from the
+  repository URL of _config.yml, and prints nothing; the second picks the runtime;
+- stored outputs come from one clean top-to-bottom run: execution counts 1..n, no
+  errors, an output in every code cell (so the book's build, in myst-nb's "auto" mode,
+  does not run the notebooks again), no widget state, no SVG, no machine-specific text;
+- every {glue} role has a glued value in the same notebook, every {cite} key is in
+  references.bib, and a chapter that cites has a bibliography;
+- every chapter has learning goals, exercises and solutions;
+- the cells nbval skips or does not compare are counted and listed (kept few).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+BOOK = ROOT / "book"
+ARTIFACTS = ROOT / "artifacts"
+
+# nbval's markers: cell tags and comment lines that skip a cell or ignore its output.
+NBVAL_TAGS = {"nbval-skip", "nbval-ignore-output", "raises-exception", "nbval-check-output"}
+NBVAL_COMMENTS = (
+    "# NBVAL_SKIP",
+    "# NBVAL_IGNORE_OUTPUT",
+    "# NBVAL_RAISES_EXCEPTION",
+    "# PYTEST_VALIDATE_IGNORE_OUTPUT",
+)
+# Only training demos are marked: their numbers depend on the machine's float rounding
+# (thread count, instruction set), so the cell that trains and shows them is not compared
+# and the next cell asserts the claim. At most two such cells per chapter, 14 in all.
+MAX_MARKED_PER_CHAPTER = 2
+MAX_MARKED_TOTAL = 14
+
+
+def load(path: Path) -> dict:
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def source(cell: dict) -> str:
+    src = cell.get("source", "")
+    return "".join(src) if isinstance(src, list) else src
+
+
+def code_cells(nb: dict) -> list[dict]:
+    return [c for c in nb["cells"] if c["cell_type"] == "code"]
+
+
+def markdown(nb: dict) -> str:
+    return "\n".join(source(c) for c in nb["cells"] if c["cell_type"] == "markdown")
+
+
+def toc_entries() -> list[str]:
+    toc = yaml.safe_load((ROOT / "_toc.yml").read_text())
+    entries = [toc["root"]]
+
+    def walk(items):
+        for item in items or []:
+            if "file" in item:
+                entries.append(item["file"])
+            walk(item.get("sections"))
+
+    walk(toc.get("chapters"))
+    for part in toc.get("parts") or []:
+        walk(part.get("chapters"))
+    return entries
+
+
+def config() -> dict:
+    return yaml.safe_load((ROOT / "_config.yml").read_text())
+
+
+def repository_url() -> str:
+    return config()["repository"]["url"].rstrip("/")
+
+
+NOTEBOOKS = sorted(BOOK.glob("*.ipynb"))
+NOTEBOOK_IDS = [p.stem for p in NOTEBOOKS]
+
+
+def output_text(output: dict) -> str:
+    """All textual content of one output (stream text and every text-like mime type)."""
+    if output.get("output_type") == "stream":
+        text = output.get("text", "")
+        return "".join(text) if isinstance(text, list) else text
+    parts = []
+    for mime, value in (output.get("data") or {}).items():
+        if mime.startswith("text/") or mime.endswith("+json") or "papermill" in mime:
+            if isinstance(value, list):  # nbformat stores text as a list of lines
+                value = "".join(value)
+            parts.append(value if isinstance(value, str) else json.dumps(value))
+    return "\n".join(parts)
+
+
+# --- the table of contents -------------------------------------------------------------------
+
+
+def test_config_and_toc_are_at_the_top_level():
+    assert (ROOT / "_config.yml").is_file() and (ROOT / "_toc.yml").is_file()
+    assert (ROOT / "references.bib").is_file()
+
+
+def test_every_toc_entry_exists():
+    missing = [
+        e
+        for e in toc_entries()
+        if not any((ROOT / f"{e.removesuffix('.ipynb')}{s}").is_file() for s in (".ipynb", ".md"))
+    ]
+    assert not missing, f"_toc.yml lists files that do not exist: {missing}"
+
+
+def test_every_notebook_is_in_the_toc():
+    listed = {e.removesuffix(".ipynb") for e in toc_entries()}
+    absent = [
+        p.relative_to(ROOT).as_posix()
+        for p in NOTEBOOKS
+        if p.relative_to(ROOT).with_suffix("").as_posix() not in listed
+    ]
+    assert not absent, f"notebooks in book/ missing from _toc.yml: {absent}"
+
+
+def test_toc_has_no_duplicates():
+    entries = [e.removesuffix(".ipynb") for e in toc_entries()]
+    assert len(entries) == len(set(entries))
+
+
+# --- _config.yml -------------------------------------------------------------------------------
+
+
+def test_config_essentials():
+    cfg = config()
+    assert cfg["execute"]["execute_notebooks"] == "auto"
+    assert cfg["execute"]["allow_errors"] is False
+    assert cfg["only_build_toc_files"] is True
+    assert cfg["repository"]["branch"] == "main"
+    assert re.fullmatch(r"https://github\.com/[\w.-]+/[\w.-]+", repository_url())
+    buttons = cfg["launch_buttons"]
+    assert buttons["colab_url"] and buttons["binderhub_url"]
+    assert buttons["notebook_interface"] == "classic"
+    assert "sphinx_exercise" in cfg["sphinx"]["extra_extensions"]
+    assert cfg["bibtex_bibfiles"] == ["references.bib"]
+
+
+def test_mathjax_is_served_by_the_book():
+    """MathJax comes from node_modules (npm, package.json), copied into _static."""
+    sphinx = config()["sphinx"]["config"]
+    assert not sphinx["mathjax_path"].startswith(("http:", "https:", "//"))
+    static = [ROOT / p for p in sphinx["html_static_path"]]
+    assert any((p / sphinx["mathjax_path"]).is_file() for p in static), (
+        f"{sphinx['mathjax_path']} is not in {sphinx['html_static_path']}: run `npm ci` "
+        "(scripts/setup.sh does)"
+    )
+
+
+# --- conventions of every chapter --------------------------------------------------------------
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=NOTEBOOK_IDS)
+def test_first_code_cell_installs_relbias_only_in_colab(path):
+    first = code_cells(load(path))[0]
+    src = source(first)
+    assert '"google.colab" in sys.modules' in src, "the first code cell must check for Colab"
+    urls = re.findall(r"git\+(https://[^\s\"'@]+)@main", src)
+    assert urls == [repository_url()], (
+        f"the install cell must pip-install relbias from {repository_url()}@main "
+        f"(_config.yml's repository.url), found {urls}"
+    )
+    assert "relbias[book]" in src
+    for out in first.get("outputs", []):
+        assert out["output_type"] != "stream", "the install cell must print nothing"
+        assert output_text(out).strip() in ("", "<IPython.core.display.Markdown object>")
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=NOTEBOOK_IDS)
+def test_second_code_cell_picks_the_runtime(path):
+    second = code_cells(load(path))[1]
+    assert "runtime_banner(" in source(second), (
+        "the second code cell imports and calls relbias.book.notebook.runtime_banner()"
+    )
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=NOTEBOOK_IDS)
+def test_chapter_has_goals_exercises_and_solutions(path):
+    text = markdown(load(path))
+    assert re.search(r"^#+ .*learning goals", text, re.I | re.M), "no 'Learning goals' heading"
+    assert "{exercise}" in text or "{exercise-start}" in text, "no exercise"
+    assert "{solution}" in text or "{solution-start}" in text, "no worked solution"
+    # sphinx-exercise fails the build on a solution-end without its solution-start
+    gated = re.findall(r"^```\{(solution-start|solution-end)\}", text, re.M)
+    assert gated == ["solution-start", "solution-end"] * (len(gated) // 2), gated
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=NOTEBOOK_IDS)
+def test_chapter_has_an_explorer_and_a_static_figure(path):
+    """Sliders for a live kernel, and a PNG figure for the static book."""
+    nb = load(path)
+    assert any("nb.explorer(" in source(c) for c in code_cells(nb)), "no explorer"
+    pngs = [
+        o for c in code_cells(nb) for o in c.get("outputs", []) if "image/png" in o.get("data", {})
+    ]
+    assert pngs, "no figure in the stored outputs"
+
+
+# --- stored outputs ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=NOTEBOOK_IDS)
+def test_outputs_are_one_clean_run(path):
+    cells = code_cells(load(path))
+    counts = [c.get("execution_count") for c in cells]
+    assert counts == list(range(1, len(cells) + 1)), (
+        f"execution counts {counts}: store the outputs of one top-to-bottom run "
+        f"(python -m relbias.book.notebook execute {path.relative_to(ROOT)})"
+    )
+    errors = [
+        i for i, c in enumerate(cells) for o in c.get("outputs", []) if o["output_type"] == "error"
+    ]
+    assert not errors, f"code cells {errors} stored an error"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=NOTEBOOK_IDS)
+def test_every_code_cell_has_an_output(path):
+    """myst-nb's "auto" mode re-runs a notebook in the build if any code cell has no output."""
+    empty = [i for i, c in enumerate(code_cells(load(path))) if not c.get("outputs")]
+    assert not empty, (
+        f"code cells {empty} (0-based among code cells) have no output, so the build would "
+        "execute the whole notebook again; end them with a value worth showing"
+    )
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=NOTEBOOK_IDS)
+def test_outputs_are_portable(path):
+    nb = load(path)
+    assert "widgets" not in nb.get("metadata", {}), (
+        "widget state is stored in the notebook: execute it with "
+        "`python -m relbias.book.notebook execute`, which does not store it"
+    )
+    # Memory addresses, and paths of the machine that ran the notebook (this checkout, a
+    # home folder, an installed package): they would differ on the machine that re-runs it.
+    here = re.escape(str(ROOT))
+    machine = re.compile(rf"0x[0-9a-f]{{8,}}|{here}|/home/|/Users/|site-packages")
+    for i, cell in enumerate(code_cells(nb)):
+        for out in cell.get("outputs", []):
+            assert "image/svg+xml" not in out.get("data", {}), f"cell {i}: SVG output (use PNG)"
+            text = output_text(out)
+            hit = machine.search(text)
+            assert not hit, f"code cell {i}: machine-specific output {hit.group(0)!r}"
+            assert "\r" not in text, f"code cell {i}: a progress bar was stored"
+            # nbval compares stderr too, and a warning names a temporary file of the kernel
+            assert out.get("name") != "stderr", f"code cell {i}: stderr stored: {text[:200]!r}"
+
+
+# --- glue, citations ---------------------------------------------------------------------------
+
+GLUE_ROLE = re.compile(r"\{glue(?::\w+)?\}`([^`]+)`")
+CITE_ROLE = re.compile(r"\{cite(?::\w+)?\}`([^`]+)`")
+
+
+def glued_names(nb: dict) -> set[str]:
+    names = set()
+    for cell in code_cells(nb):
+        for out in cell.get("outputs", []):
+            scrap = (out.get("metadata") or {}).get("scrapbook") or {}
+            if "name" in scrap:
+                names.add(scrap["name"])
+    return names
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=NOTEBOOK_IDS)
+def test_every_glue_role_has_a_value(path):
+    nb = load(path)
+    used = {m.split(":")[0] for m in GLUE_ROLE.findall(markdown(nb)) if "::" not in m}
+    missing = sorted(used - glued_names(nb))
+    assert not missing, f"{{glue}} roles without a glued value in this notebook: {missing}"
+
+
+def bib_keys() -> set[str]:
+    return set(re.findall(r"^@\w+\{([^,\s]+),", (ROOT / "references.bib").read_text(), re.M))
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=NOTEBOOK_IDS)
+def test_citations_resolve(path):
+    text = markdown(load(path))
+    keys = {k.strip() for group in CITE_ROLE.findall(text) for k in group.split(",")}
+    unknown = sorted(keys - bib_keys())
+    assert not unknown, f"cited keys missing from references.bib: {unknown}"
+    if keys:
+        assert "{bibliography}" in text, "a chapter that cites needs a ```{bibliography}```"
+    for block in re.findall(r"```\{bibliography\}(.*?)```", text, re.S):
+        assert ":list: bullet" in block, (
+            "a chapter's bibliography must be a ':list: bullet' filtered to the page "
+            "(':filter: docname in docnames'): the citations themselves live in "
+            "book/references.md, and a key defined twice breaks the build"
+        )
+
+
+# --- nbval ---------------------------------------------------------------------------------------
+
+
+def nbval_marked_cells() -> list[tuple[str, int, str]]:
+    """(notebook, code-cell index, marker) for every cell nbval skips or does not compare."""
+    found = []
+    for path in NOTEBOOKS:
+        for i, cell in enumerate(code_cells(load(path))):
+            tags = set(cell.get("metadata", {}).get("tags", [])) & NBVAL_TAGS
+            comments = {
+                line.strip()
+                for line in source(cell).splitlines()
+                if line.strip().startswith(NBVAL_COMMENTS)
+            }
+            for marker in sorted(tags | comments):
+                found.append((path.name, i, marker))
+    return found
+
+
+def test_cells_that_nbval_skips_or_ignores_are_few():
+    marked = nbval_marked_cells()
+    ARTIFACTS.mkdir(exist_ok=True)
+    lines = [f"{nb} code cell {i}: {marker}" for nb, i, marker in marked]
+    (ARTIFACTS / "nbval_marked_cells.txt").write_text(
+        f"{len(marked)} cells that nbval skips or does not compare\n" + "\n".join(lines) + "\n"
+    )
+    print("\n".join([f"nbval marked cells: {len(marked)}", *lines]))
+    per_chapter: dict[str, int] = {}
+    for nb, _, _ in marked:
+        per_chapter[nb] = per_chapter.get(nb, 0) + 1
+    crowded = {nb: n for nb, n in per_chapter.items() if n > MAX_MARKED_PER_CHAPTER}
+    assert not crowded, f"more than {MAX_MARKED_PER_CHAPTER} nbval-marked cells: {crowded}"
+    assert len(marked) <= MAX_MARKED_TOTAL, lines
+
+
+def test_sanitize_file_is_valid():
+    """book/sanitize.cfg (passed to nbval by scripts/test.sh) as nbval reads it.
+
+    nbval takes each ``regex: ...`` line with the ``replace: ...`` line right below it, so
+    every section must hold such a pair, and every regex must compile.
+    """
+    from nbval.plugin import get_sanitize_patterns
+
+    text = (BOOK / "sanitize.cfg").read_text()
+    sections = re.findall(r"^\[[^\]]+\]\s*$", text, re.M)
+    pairs = get_sanitize_patterns(text)
+    assert sections, "book/sanitize.cfg has no sanitiser"
+    assert len(pairs) == len(sections), (
+        f"{len(sections)} sections but nbval reads {len(pairs)} regex/replace pairs: put "
+        "'replace: ...' on the line right after 'regex: ...'"
+    )
+    for regex, _ in pairs:
+        re.compile(regex)
+
+
+# --- the notebook helpers (relbias.book.notebook) ----------------------------------------
+
+
+def test_show_source_shows_the_real_source():
+    import inspect
+
+    import relbias
+    from relbias import book as nb
+
+    shown = nb.show_source(relbias.OffsetBias, display=False)
+    bundle = shown._repr_mimebundle_()
+    assert inspect.getsource(relbias.OffsetBias).strip() in bundle["text/plain"]
+    header = "`relbias.biases.offset.OffsetBias`, from `relbias/biases/offset.py`"
+    assert bundle["text/markdown"].startswith(header)
+    assert "```python" in bundle["text/markdown"]
+    short = nb.show_source(relbias.OffsetBias, docstring=False, display=False).plain
+    assert '"""' not in short.split("def __init__")[0]
+    # a decorated method is credited to the file that defines it, not the decorator's
+    decorated = nb.show_source(relbias.biases.kerple._Kerple.project_, display=False).plain
+    assert decorated.startswith(
+        "`relbias.biases.kerple._Kerple.project_`, from `relbias/biases/kerple.py`"
+    )
+
+
+@pytest.mark.parametrize(
+    "name,first,last",
+    [
+        ("OffsetBias", "struct OffsetBias {", "};"),
+        ("attend_block", "template <typename Bias>", "}"),
+        ("max_of", "inline float max_of(const float* s, int64_t n) {", "}"),
+    ],
+)
+def test_show_cpp_shows_one_whole_definition(name, first, last):
+    """The C++ shown in the book is a whole definition cut from the kernel's real source."""
+    from relbias import book as nb
+    from relbias.attention import fused
+
+    shown = nb.show_cpp(name, display=False)
+    code = shown.plain.split("\n\n", 1)[1]
+    lines = code.splitlines()
+    assert lines[0] == first and lines[-1] == last
+    assert code in fused.SOURCE.read_text()
+    assert code.count("{") == code.count("}")
+    assert "```cpp" in shown._repr_mimebundle_()["text/markdown"]
+    with pytest.raises(ValueError, match="no definition named 'nothing'"):
+        nb.show_cpp("nothing")
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "20, 80, 320, 1280",
+        "2.00, 1.68",
+        "1.0",
+        "7",
+        "2^-8",
+        "alibi, t5",
+        "[1, 2]",
+        "'quoted'",
+        "None",
+    ],
+)
+def test_glued_text_is_pasted_unchanged(text):
+    """myst-nb literal_evals pasted text; nb.glue quotes what it would change."""
+    from myst_nb.core.variables import format_plain_text
+
+    from relbias.book.notebook import _pasteable
+
+    assert format_plain_text(_pasteable(text), "") == text
+
+
+def test_show_table_and_glue_values():
+    import torch
+
+    from relbias.book import notebook as nb
+
+    table = nb.show_table(
+        [[1, 2.5], [torch.tensor(3), torch.tensor(0.125)]], ["a", "b"], display=False
+    )
+    assert table.markdown.splitlines() == [
+        "| a | b |",
+        "|---:|---:|",
+        "| 1 | 2.500 |",
+        "| 3 | 0.125 |",
+    ]
+    with pytest.raises(ValueError, match="one value per header"):
+        nb.show_table([[1]], ["a", "b"], display=False)
+    assert nb._plain(torch.tensor(5)) == 5 and repr(nb._Text("abc")) == "abc"
+
+
+def test_explorer_redraws_and_has_a_fixed_text_form():
+    import relbias
+    from relbias import book as nb
+
+    def draw(n=4, name="alibi"):
+        return nb.plot_bias_matrix(relbias.make_bias(name, 2), n, heads=[0])
+
+    box = nb.explorer(draw, title="demo", n=(2, 8), name=["alibi", "sandwich"])
+    assert repr(box) == "Explorer: demo (controls: n, name; live in Jupyter or Colab)"
+    out = box.children[-1]
+    box.children[1].value = 6
+    box.children[2].value = "sandwich"
+    assert len(out.outputs) == 1 and "image/png" in out.outputs[0]["data"]
+
+
+def test_figures_are_png_and_repeatable():
+    import relbias
+    from relbias import book as nb
+
+    def png():
+        return nb.to_png(nb.plot_bias_by_offset(relbias.ALiBi(4), 32, mark=[16]))
+
+    first = png()
+    assert first.startswith(b"\x89PNG") and first == png()

@@ -1,0 +1,390 @@
+"""The fast backends of biased_attention (relbias.attention.flex) against the materialised path.
+
+FlexAttention compiles one kernel per shape (tens of seconds on a CPU), so its tests
+share a few shapes: every offset-only family uses the same kernel at a given shape,
+FIRE its own. The strided-table backend needs no compilation and is tested more widely.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from conftest import (
+    ATTENTION_HEADS,
+    ATTENTION_SHAPES,
+    FAMILY_KWARGS,
+    assert_close,
+    build,
+    family_bias,
+    qkv,
+)
+from torch._dynamo.utils import counters
+
+import relbias
+from relbias import biased_attention
+from relbias.attention import api, flex
+from relbias.attention.flex import (
+    FIREBias,
+    OffsetTableBias,
+    causal_block_mask,
+    compile_stats,
+    last_backend,
+    prepare_bias,
+    table_attention,
+)
+
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")  # from compiling
+
+HEADS = ATTENTION_HEADS
+FAMILIES = list(FAMILY_KWARGS)
+SHAPES = ATTENTION_SHAPES
+
+
+# --- prepared biases: the O(n) ingredients ---------------------------------------------
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("q_len,k_len,q_start", SHAPES)
+def test_prepared_bias_materialises_forward(family, causal, q_len, k_len, q_start):
+    bias = family_bias(family, causal)
+    prepared = prepare_bias(bias, q_len, k_len, q_start=q_start)
+    expected = bias(q_len, k_len, q_start=q_start)
+    assert isinstance(prepared, FIREBias if family == "fire" else OffsetTableBias)
+    if family == "fire":
+        assert_close(prepared.materialize(), expected)
+    else:  # the same table and the same gather: bit for bit
+        assert torch.equal(prepared.materialize(), expected)
+        assert prepared.table.shape == (HEADS, q_len + k_len - 1)
+
+
+def test_offset_table_bias_checks_its_table():
+    with pytest.raises(ValueError, match="columns"):
+        OffsetTableBias(torch.zeros(2, 5), 3, 4)
+    with pytest.raises(TypeError, match="2-D"):
+        OffsetTableBias(torch.zeros(5), 3, 3)
+    with pytest.raises(TypeError, match="RelativeBias"):
+        prepare_bias("alibi", 4)
+
+
+# --- the strided-table backend -----------------------------------------------------------
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("q_len,k_len,q_start", SHAPES)
+def test_table_backend_matches_materialise(family, causal, q_len, k_len, q_start):
+    bias = family_bias(family, causal)
+    q, k, v = qkv(q_len, k_len)
+    with torch.no_grad():
+        expected = biased_attention(
+            q, k, v, bias, causal=causal, q_start=q_start, backend="materialize"
+        )
+        got = biased_attention(q, k, v, bias, causal=causal, q_start=q_start, backend="table")
+    assert_close(got, expected)
+
+
+@pytest.mark.parametrize("few_operations", [True, False])
+@pytest.mark.parametrize("block_rows", [1, 5, 16])
+def test_table_backend_blocks(block_rows, few_operations, monkeypatch):
+    """Any block of query rows gives the same result (causal, queries inside the keys),
+    in both of table_attention's strategies (few operations or the least memory)."""
+    monkeypatch.setattr(flex, "SMALL_ATTENTION", 10**9 if few_operations else 0)
+    bias = family_bias("t5", True)
+    q, k, v = qkv(21, 50)
+    prepared = prepare_bias(bias, 21, 50, q_start=12)
+    expected = biased_attention(q, k, v, bias, q_start=12, backend="materialize")
+    got = table_attention(q, k, v, prepared, causal=True, block_rows=block_rows)
+    assert_close(got, expected)
+
+
+TILE_SHAPES = [  # (q_len, q_start): whole tiles, a ragged tail, queries after a prefix
+    (48, 0),
+    (53, 0),
+    (32, 7),
+    (70, 13),
+    (16, 0),
+]
+
+
+@pytest.mark.parametrize("tile,strip", [(16, 4), (16, 16), (24, 8)])
+@pytest.mark.parametrize("q_len,q_start", TILE_SHAPES)
+@pytest.mark.parametrize("family", [name for name in FAMILIES if name != "fire"])
+def test_tiled_table_attention_matches_materialise(
+    family, tile, strip, q_len, q_start, monkeypatch
+):
+    """Causal tiles (past keys + the tile's own triangle, joined by log-sum-exp) equal the
+    materialised path for every offset-only family, batch 2, with and without a prefix."""
+    monkeypatch.setattr(flex, "TILE_ROWS", tile)
+    monkeypatch.setattr(flex, "STRIP_ROWS", strip)
+    calls = []
+    tiled = flex._tiled_table_attention
+    monkeypatch.setattr(flex, "_tiled_table_attention", lambda *a: calls.append(1) or tiled(*a))
+    bias = family_bias(family, True)
+    q, k, v = qkv(q_len, q_start + q_len)
+    with torch.no_grad():
+        expected = biased_attention(q, k, v, bias, q_start=q_start, backend="materialize")
+        got = biased_attention(q, k, v, bias, q_start=q_start, backend="table")
+    assert calls == ([1] if q_len >= tile else [])  # shorter than a tile: blocks of rows
+    assert_close(got, expected)
+
+
+def test_tiles_only_where_they_apply(monkeypatch):
+    """FIRE, gradients, float64, bidirectional attention and keys after the last query
+    keep the blocks of rows (and still equal the materialised path)."""
+    monkeypatch.setattr(flex, "TILE_ROWS", 8)
+    monkeypatch.setattr(flex, "STRIP_ROWS", 4)
+    t5 = family_bias("t5", True)
+    q, k, v = qkv(24, 24)
+    with torch.no_grad():
+        assert flex._tiles_apply(q, k, v, prepare_bias(t5, 24), True)
+    cases = [
+        (family_bias("fire", True), q, k, v, True, "FIRE"),
+        (family_bias("t5", False), q, k, v, False, "bidirectional"),
+        (copy.deepcopy(t5).double(), q.double(), k.double(), v.double(), True, "float64"),
+        (t5, *qkv(24, 24, grad=True), True, "gradients"),
+    ]
+    for bias, q_, k_, v_, causal, why in cases:
+        with torch.set_grad_enabled(why == "gradients"):
+            prepared = prepare_bias(bias, 24)
+            assert not flex._tiles_apply(q_, k_, v_, prepared, causal), why
+            expected = biased_attention(q_, k_, v_, bias, causal=causal, backend="materialize")
+            got = biased_attention(q_, k_, v_, bias, causal=causal, backend="table")
+        assert_close(got.detach().float(), expected.detach().float())
+    q, k, v = qkv(24, 30)  # k_len > q_start + q_len
+    with torch.no_grad():
+        assert not flex._tiles_apply(q, k, v, prepare_bias(t5, 24, 30, q_start=0), True)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("seed", range(12))
+def test_folded_fire_mlp_is_the_same_function(causal, seed):
+    """Folding FIRE's hidden units that do not switch on [0, x_max] keeps f_theta: checked
+    on a dense grid of x for random weights (some units always on, off, or switching)."""
+    torch.manual_seed(seed)
+    fire = relbias.FIRE(4, hidden=16)
+    with torch.no_grad():
+        fire.hidden_layer.weight.normal_(0, 3)
+        fire.hidden_layer.bias.normal_(0, 2)
+        fire.output_layer.weight.normal_()
+    with torch.no_grad():
+        prepared = prepare_bias(fire, 50, 80, q_start=30)
+        w1, b1, w2, slope, intercept = prepared.folded_mlp(causal)
+    x_max = 1.0 if causal else float(prepared.psi_table.max() / prepared.denominator.min())
+    assert w1.shape[0] <= 16
+    x = torch.linspace(0, x_max, 2001)
+    folded = (x[:, None] * slope + intercept + torch.relu(x[:, None] * w1 + b1) @ w2.T).T
+    with torch.no_grad():
+        torch.testing.assert_close(folded, prepared._mlp(x), rtol=1e-5, atol=1e-5)
+    if causal:  # every x a causal attention meets lies in [0, 1]
+        index = relbias.relative_positions(50, 80, q_start=30) + 79 - 30
+        x_met = prepared.psi_table[index] / prepared.denominator[:, None]
+        assert float(x_met[index >= 79 - 30].max()) <= 1.0
+
+
+def test_table_mask_is_a_view_of_the_table():
+    """The mask of a block shares the table's storage: no q_len x k_len tensor exists."""
+    prepared = prepare_bias(relbias.ALiBi(HEADS), 300)
+    mask = prepared.flipped_rows(100, 200, 200, True, torch.float32)
+    assert mask.shape == (1, HEADS, 100, 200)
+    assert mask.untyped_storage().nbytes() == HEADS * (2 * 300 - 1) * 4
+    rows = torch.arange(199, 99, -1)[:, None]  # reversed query rows
+    keys = torch.arange(200)[None, :]
+    slopes = relbias.alibi_slopes(HEADS)[:, None, None]
+    expected = (-slopes * (rows - keys)).masked_fill(keys > rows, float("-inf"))
+    assert torch.equal(mask[0], expected)
+
+
+def test_table_backend_gradients_match_materialise():
+    """The table path is differentiable too (through the unfused kernel)."""
+    for name in ("t5", "fire"):
+        bias = family_bias(name, True)
+        grads = {}
+        for backend in ("materialize", "table"):
+            torch.manual_seed(1)
+            q, k, v = qkv(12, 20, grad=True)
+            bias.zero_grad()
+            biased_attention(q, k, v, bias, backend=backend).square().sum().backward()
+            grads[backend] = [q.grad, k.grad, v.grad] + [
+                p.grad for p in bias.parameters() if p.grad is not None
+            ]
+        for a, b in zip(grads["materialize"], grads["table"], strict=True):
+            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
+def test_fused_fire_blocks_match_eager(monkeypatch):
+    """FIRE's compiled block kernel agrees with the eager MLP (causal and not)."""
+    fire = build("fire", HEADS)
+    q, k, v = qkv(40, 40)
+    with torch.no_grad():
+        for causal in (True, False):
+            monkeypatch.setattr(flex, "FUSE_FIRE", True)
+            fused = biased_attention(q, k, v, fire, causal=causal, backend="table")
+            monkeypatch.setattr(flex, "FUSE_FIRE", False)
+            eager = biased_attention(q, k, v, fire, causal=causal, backend="table")
+            assert_close(fused, eager)
+
+
+# --- FlexAttention -------------------------------------------------------------------------
+# Few shapes: each (shape, mask, kind of bias) compiles once.
+FLEX_CASES = [
+    pytest.param(True, 48, 80, 20, id="causal-q_start"),
+    pytest.param(False, 48, 80, 20, id="bidirectional-q_start"),
+    pytest.param(True, 150, 150, None, id="causal-square"),
+]
+
+
+@pytest.mark.parametrize("causal,q_len,k_len,q_start", FLEX_CASES)
+def test_flex_matches_materialise(causal, q_len, k_len, q_start):
+    q, k, v = qkv(q_len, k_len)
+    families = FAMILIES if q_len != 150 else ["alibi", "t5"]  # one more length, offset kernel
+    for name in families:
+        bias = family_bias(name, causal)
+        with torch.no_grad():
+            expected = biased_attention(
+                q, k, v, bias, causal=causal, q_start=q_start, backend="materialize"
+            )
+            got, backend = biased_attention(
+                q, k, v, bias, causal=causal, q_start=q_start, backend="flex", return_backend=True
+            )
+        assert backend == "flex" == last_backend()
+        assert_close(got, expected)
+
+
+def test_flex_compiles_once_per_shape():
+    """A second call with the same shapes reuses the compiled kernel (counted twice over)."""
+    q, k, v = qkv(48, 80)
+    bias = family_bias("kerple_log", True)
+    with torch.no_grad():
+        biased_attention(q, k, v, bias, q_start=20, backend="flex")  # compiled (or cached)
+        before, graphs = compile_stats()["compiles"], counters["stats"]["unique_graphs"]
+        for name in ("alibi", "sandwich", "offset"):  # other families: same kernel
+            biased_attention(q, k, v, family_bias(name, True), q_start=20, backend="flex")
+        biased_attention(q, k, v, bias, q_start=20, backend="flex")
+    assert compile_stats()["compiles"] == before
+    assert counters["stats"]["unique_graphs"] == graphs
+    assert compile_stats()["calls"] >= 5
+    assert all(seconds > 0 for seconds in compile_stats()["per_key"].values())
+
+
+def test_flex_refuses_cpu_gradients():
+    q, k, v = qkv(48, 80, grad=True)
+    with pytest.raises(RuntimeError, match="no CPU"):
+        biased_attention(q, k, v, relbias.ALiBi(HEADS), q_start=20, backend="flex")
+
+
+@pytest.mark.parametrize(
+    "q_len,k_len,q_start", [(300, 300, 0), (100, 300, 200), (130, 260, 7), (1, 129, 128)]
+)
+def test_causal_block_mask_matches_create_block_mask(q_len, k_len, q_start):
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    ours = causal_block_mask(q_len, k_len, q_start, "cpu")
+    theirs = create_block_mask(
+        lambda b, h, i, j: i + q_start >= j, None, None, q_len, k_len, device="cpu"
+    )
+    assert torch.equal(ours.to_dense(), theirs.to_dense())
+    i = torch.arange(q_start, q_start + q_len)[:, None]
+    j = torch.arange(k_len)[None, :]
+    assert torch.equal(ours.mask_mod(0, 0, i - q_start, j), j <= i)
+
+
+# --- choosing the backend ------------------------------------------------------------------
+def test_auto_on_cpu_without_gradients_takes_a_fused_path(family):
+    bias = family_bias(family, True)
+    q, k, v = qkv(30, 30)
+    with torch.no_grad():
+        _, backend = biased_attention(q, k, v, bias, return_backend=True)
+    assert backend == api.CPU_INFERENCE_BACKENDS[0] != "materialize"
+    assert last_backend() == backend
+
+
+def test_auto_materialises_when_gradients_are_needed():
+    q, k, v = qkv(30, 30, grad=True)
+    _, backend = biased_attention(q, k, v, relbias.ALiBi(HEADS), return_backend=True)
+    assert backend == "materialize"
+    # learnable bias, inputs without gradients: the bias needs one
+    q, k, v = qkv(30, 30)
+    _, backend = biased_attention(q, k, v, family_bias("t5", True), return_backend=True)
+    assert backend == "materialize"
+    # nothing needs a gradient (parameter-free bias): the fast path, even with grad mode on
+    _, backend = biased_attention(q, k, v, relbias.ALiBi(HEADS), return_backend=True)
+    assert backend == api.CPU_INFERENCE_BACKENDS[0]
+
+
+@pytest.mark.parametrize("case", ["weights", "tensor", "none", "float64"])
+def test_auto_materialises(case):
+    q, k, v = qkv(10, 10, dtype=torch.float64 if case == "float64" else torch.float32)
+    bias = {"tensor": torch.randn(HEADS, 10, 10), "none": None}.get(case, relbias.ALiBi(HEADS))
+    with torch.no_grad():
+        out = biased_attention(q, k, v, bias, return_weights=case == "weights", return_backend=True)
+    assert out[-1] == "materialize" == last_backend()
+    assert len(out) == (3 if case == "weights" else 2)
+
+
+def test_backend_argument_is_checked():
+    q, k, v = qkv(10, 10)
+    with pytest.raises(ValueError, match="backend must be one of"):
+        biased_attention(q, k, v, relbias.ALiBi(HEADS), backend="fast")
+    with pytest.raises(ValueError, match="return_weights"):
+        biased_attention(q, k, v, relbias.ALiBi(HEADS), backend="table", return_weights=True)
+    with pytest.raises(ValueError, match="dense tensor"):
+        biased_attention(q, k, v, torch.zeros(HEADS, 10, 10), backend="flex")
+    with pytest.raises(ValueError, match="needs a bias"):
+        biased_attention(q, k, v, None, backend="table")
+    with pytest.raises(ValueError, match="bidirectional"):
+        biased_attention(q, k, v, relbias.ALiBi(HEADS), causal=False, backend="table")
+
+
+# --- sharing one prepared bias across layers -------------------------------------------------
+def test_prepared_bias_is_shared_across_layers_with_gradients():
+    """Two 'layers' using one prepared bias: same outputs and gradients as the module."""
+    bias = family_bias("offset", True)
+    q, k, v = qkv(25, 25)
+
+    def two_layers(b):
+        out = biased_attention(q, k, v, b)
+        return biased_attention(out, k, v, b)
+
+    bias.zero_grad()
+    two_layers(bias).square().sum().backward()
+    expected_grad = bias.weight.grad.clone()
+    bias.zero_grad()
+    prepared = prepare_bias(bias, 25)
+    out, backend = biased_attention(q, k, v, prepared, return_backend=True)
+    assert backend == "materialize"
+    two_layers(prepared).square().sum().backward()
+    torch.testing.assert_close(bias.weight.grad, expected_grad)
+    with torch.no_grad():  # inference: the fast path, from the same object
+        fast = biased_attention(q, k, v, prepare_bias(bias, 25), return_backend=True)
+        assert fast[1] == api.CPU_INFERENCE_BACKENDS[0]
+        assert_close(fast[0], out.detach())
+
+
+def test_prepared_bias_shape_is_checked():
+    prepared = prepare_bias(relbias.ALiBi(HEADS), 10)
+    q, k, v = qkv(12, 12)
+    with pytest.raises(ValueError, match="prepared for"):
+        biased_attention(q, k, v, prepared)
+    q, k, v = qkv(10, 10)
+    with pytest.raises(ValueError, match="bidirectional"):
+        biased_attention(q, k, v, prepared, causal=False)
+
+
+def test_tiles_keep_their_buffers_but_never_return_them(monkeypatch):
+    """Consecutive calls reuse the tiles' buffers (same shape), yet every call returns a
+    tensor of its own: the first result survives the second call unchanged."""
+    monkeypatch.setattr(flex, "TILE_ROWS", 16)
+    monkeypatch.setattr(flex, "STRIP_ROWS", 8)
+    monkeypatch.setattr(flex, "TILE_GROUP_ROWS", 32)  # groups of 32 and 16 rows at n = 48
+    bias = family_bias("alibi", True)
+    with torch.no_grad():
+        prepared = prepare_bias(bias, 48)
+        q, k, v = qkv(48, 48)
+        first = table_attention(q, k, v, prepared)
+        kept = first.clone()
+        buffers = dict(flex._WORKSPACE.buffers)
+        q2, k2, v2 = qkv(48, 48)
+        second = table_attention(q2, k2, v2, prepared)
+        assert len(buffers) == 4  # q and output buffers for groups of 32 and 16 rows
+        assert all(flex._WORKSPACE.buffers[key] is buf for key, buf in buffers.items())
+        assert torch.equal(first, kept)
+        for out in (first, second):
+            assert out.data_ptr() not in {b.data_ptr() for b in buffers.values()}
+    assert_close(second, biased_attention(q2, k2, v2, bias, backend="materialize").detach())

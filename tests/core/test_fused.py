@@ -1,0 +1,288 @@
+"""The fused C++ CPU kernel (relbias.attention.fused) against the materialised path.
+
+The kernel is built on first use (about 15 s, then cached). It must be buildable where
+these tests run: the set-up installs a C++ compiler and ninja, so a failed build is a
+failure here, not a skip.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import subprocess
+import sys
+
+import pytest
+import torch
+from conftest import (
+    ATTENTION_HEADS,
+    ATTENTION_SHAPES,
+    FAMILY_KWARGS,
+    assert_close,
+    family_bias,
+    qkv,
+)
+
+import relbias
+from relbias import biased_attention
+from relbias.attention import api, fused
+from relbias.attention.flex import last_backend, prepare_bias
+
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")  # torch.compile's imports
+
+HEADS = ATTENTION_HEADS
+FAMILIES = list(FAMILY_KWARGS)
+# ... and, for the fused kernel, enough rows and keys for several blocks of both kinds at
+# the small block sizes below (causal with keys after the last query: never seen).
+SHAPES = [*ATTENTION_SHAPES, (150, 300, None), (90, 90, 0)]
+BLOCKS = [(128, 512), (8, 16), (5, 7), (1, 1)]
+
+
+@pytest.fixture
+def blocks(request, monkeypatch):
+    q_block, kv_block = request.param
+    monkeypatch.setattr(fused, "Q_BLOCK", q_block)
+    monkeypatch.setattr(fused, "KV_BLOCK", kv_block)
+    return request.param
+
+
+def test_the_kernel_builds_here():
+    info = fused.build_info()
+    assert fused.available(), info["error"]
+    assert info["ok"] and info["error"] is None and info["seconds"] >= 0
+    assert fused.unavailable_reason() is None
+
+
+@pytest.mark.parametrize("blocks", BLOCKS, indirect=True)
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("q_len,k_len,q_start", SHAPES)
+def test_fused_matches_materialise(family, causal, q_len, k_len, q_start, blocks):
+    bias = family_bias(family, causal)
+    q, k, v = qkv(q_len, k_len)
+    with torch.no_grad():
+        expected = biased_attention(
+            q, k, v, bias, causal=causal, q_start=q_start, backend="materialize"
+        )
+        got = biased_attention(q, k, v, bias, causal=causal, q_start=q_start, backend="fused")
+    assert last_backend() == "fused"
+    assert_close(got, expected)
+
+
+@pytest.mark.parametrize("family", ["t5", "fire"])
+def test_fused_causal_keys_after_the_last_query(family):
+    """Causal attention where keys go on past the queries: those keys are never seen."""
+    bias = family_bias(family, True)
+    q, k, v = qkv(12, 50)
+    with torch.no_grad():
+        expected = biased_attention(q, k, v, bias, q_start=20, backend="materialize")
+        got = biased_attention(q, k, v, bias, q_start=20, backend="fused")
+    assert_close(got, expected)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_fused_random_shapes_and_blocks(seed, monkeypatch):
+    """Random families, lengths, prefixes, head sizes, batch and block sizes."""
+    rng = random.Random(seed)
+    monkeypatch.setattr(fused, "Q_BLOCK", rng.choice([1, 3, 16, 64, 128]))
+    monkeypatch.setattr(fused, "KV_BLOCK", rng.choice([1, 8, 33, 512]))
+    family, causal = rng.choice(FAMILIES), rng.random() < 0.7
+    q_len = rng.randint(1, 120)
+    k_len = q_len + rng.randint(0, 80)
+    q_start = k_len - q_len if causal else rng.randint(0, 200)
+    dim, v_dim = rng.choice([(8, 8), (16, 24), (64, 64), (5, 3)])
+    bias = family_bias(family, causal)
+    q, k, v = qkv(q_len, k_len, batch=rng.randint(1, 3), dim=dim, v_dim=v_dim)
+    with torch.no_grad():
+        expected = biased_attention(
+            q, k, v, bias, causal=causal, q_start=q_start, backend="materialize"
+        )
+        got = biased_attention(q, k, v, bias, causal=causal, q_start=q_start, backend="fused")
+    assert_close(got, expected)
+
+
+def test_fused_takes_any_memory_layout():
+    """Inputs that are views with other strides give the same result as contiguous ones."""
+    bias = family_bias("alibi", True)
+    q, k, v = (t.transpose(1, 2).contiguous().transpose(1, 2) for t in qkv(40, 40))
+    assert not q.is_contiguous()
+    with torch.no_grad():
+        got = biased_attention(q, k, v, bias, backend="fused")
+        expected = biased_attention(
+            q.contiguous(), k.contiguous(), v.contiguous(), bias, backend="materialize"
+        )
+    assert_close(got, expected)
+
+
+def test_fused_long_sequence_with_steep_biases():
+    """A long sequence with large bias values (ALiBi's steepest slope is 1/2 per token and
+    a learned table with large entries): no overflow, no NaN, the same values."""
+    torch.manual_seed(3)
+    alibi = relbias.ALiBi(8)
+    t5 = relbias.make_bias("t5", 8, bidirectional=False)
+    with torch.no_grad():
+        t5.weight.normal_(0.0, 30.0)
+    q, k, v = (torch.randn(1, 8, 1200, 32) for _ in range(3))
+    for bias in (alibi, t5):
+        with torch.no_grad():
+            got = biased_attention(q, k, v, bias, backend="fused")
+            expected = biased_attention(q, k, v, bias, backend="materialize")
+        assert torch.isfinite(got).all()
+        torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
+
+
+def test_fused_with_a_prepared_bias_shared_by_layers():
+    bias = family_bias("fire", True)
+    q, k, v = qkv(70, 70)
+    with torch.no_grad():
+        prepared = prepare_bias(bias, 70)
+        first = biased_attention(q, k, v, prepared, backend="fused")
+        second = biased_attention(q, k, v, prepared, backend="fused")
+        expected = biased_attention(q, k, v, bias, backend="materialize")
+    assert torch.equal(first, second)
+    assert_close(first, expected)
+
+
+def test_auto_takes_the_fused_kernel_on_the_cpu_without_gradients(family):
+    bias = family_bias(family, True)
+    q, k, v = qkv(30, 30)
+    assert api.CPU_INFERENCE_BACKENDS[0] == "fused"
+    with torch.no_grad():
+        assert biased_attention(q, k, v, bias, return_backend=True)[1] == "fused"
+    # bfloat16: the kernel is float32 only, the table path takes it
+    with torch.no_grad():
+        _, backend = biased_attention(*(t.bfloat16() for t in (q, k, v)), bias, return_backend=True)
+    assert backend == "table"
+
+
+def test_auto_falls_back_to_the_table_where_the_kernel_cannot_be_built(monkeypatch):
+    monkeypatch.setattr(fused, "_BUILD", {"ok": False, "error": "RuntimeError: no compiler"})
+    bias = family_bias("t5", True)
+    q, k, v = qkv(30, 30)
+    with torch.no_grad():
+        out, backend = biased_attention(q, k, v, bias, return_backend=True)
+        expected = biased_attention(q, k, v, bias, backend="materialize")
+        assert backend == "table"
+        assert_close(out, expected)
+        assert fused.unavailable_reason() == "RuntimeError: no compiler"
+        with pytest.raises(RuntimeError, match="could not be built here.*no compiler"):
+            biased_attention(q, k, v, bias, backend="fused")
+
+
+def test_turned_off_by_the_environment(monkeypatch):
+    monkeypatch.setattr(fused, "_BUILD", {})
+    monkeypatch.setenv("RELBIAS_FUSED", "0")
+    assert not fused.available()
+    assert "RELBIAS_FUSED=0" in fused.unavailable_reason()
+
+
+def test_fused_refuses_what_it_cannot_compute():
+    bias = family_bias("t5", True)
+    q, k, v = qkv(10, 10)
+    with pytest.raises(RuntimeError, match="no backward"):  # the bias needs gradients
+        biased_attention(q, k, v, bias, backend="fused")
+    q.requires_grad_(True)
+    with pytest.raises(RuntimeError, match="no backward"):
+        biased_attention(q, k, v, relbias.ALiBi(HEADS), backend="fused")
+    with torch.no_grad():
+        with pytest.raises(RuntimeError, match="float32 only"):
+            biased_attention(
+                *(t.double() for t in (q, k, v)), relbias.ALiBi(HEADS), backend="fused"
+            )
+        with pytest.raises(ValueError, match="needs a bias"):
+            biased_attention(q, k, v, None, backend="fused")
+        with pytest.raises(ValueError, match="dense tensor"):
+            biased_attention(q, k, v, torch.zeros(HEADS, 10, 10), backend="fused")
+        with pytest.raises(ValueError, match="bidirectional"):
+            biased_attention(q, k, v, relbias.ALiBi(HEADS), causal=False, backend="fused")
+        with pytest.raises(ValueError, match="return_weights"):
+            biased_attention(q, k, v, relbias.ALiBi(HEADS), backend="fused", return_weights=True)
+
+
+def test_the_kernel_checks_its_own_inputs():
+    """The C++ operator refuses tables that do not cover the attention's offsets."""
+    assert fused.available()
+    q, k, v = qkv(10, 10)
+    ops = torch.ops.relbias_fused
+    with pytest.raises(RuntimeError, match="does not cover"):
+        ops.offset_attention(q, k, v, torch.zeros(HEADS, 5), 9, 0, True, 4, 4)
+    with pytest.raises(RuntimeError, match="rtable must be"):
+        ops.offset_attention(q, k, v, torch.zeros(HEADS, 19, dtype=torch.float64), 9, 0, True, 4, 4)
+    with pytest.raises(RuntimeError, match="q_block and kv_block"):
+        ops.offset_attention(q, k, v, torch.zeros(HEADS, 19), 9, 0, True, 0, 4)
+    for bad in (k[:, :, :, :8], k[:1], k[:, :2]):  # another dim, batch or head count
+        with pytest.raises(RuntimeError, match="must agree"):
+            ops.offset_attention(q, bad, v, torch.zeros(HEADS, 19), 9, 0, True, 4, 4)
+    with pytest.raises(RuntimeError, match="must agree"):  # values of another length
+        ops.offset_attention(q, k, v[:, :, :9], torch.zeros(HEADS, 19), 9, 0, True, 4, 4)
+
+
+CAPABILITY_CHECK = """
+import torch
+from relbias import biased_attention, make_bias
+from relbias.attention import fused
+info = fused.build_info()
+assert info["ok"], info["error"]
+print(info["capability"])
+torch.manual_seed(0)
+for name in ("t5", "fire"):
+    bias = make_bias(name, 2, **({"bidirectional": False} if name == "t5" else {}))
+    q, k, v = (torch.randn(1, 2, 70, 24) for _ in range(3))
+    with torch.no_grad():
+        got = biased_attention(q, k, v, bias, backend="fused")
+        expected = biased_attention(q, k, v, bias, backend="materialize")
+    torch.testing.assert_close(got, expected, rtol=2e-5, atol=2e-5)
+"""
+
+
+@pytest.mark.parametrize("capability", ["avx2", "default"])
+def test_the_kernel_builds_for_narrower_vectors(capability):
+    """Built for AVX2 or for no vector extension (as on other CPUs), in a fresh process
+    (one process loads one build): the same values."""
+    env = {**os.environ, "ATEN_CPU_CAPABILITY": capability}
+    proc = subprocess.run(
+        [sys.executable, "-c", CAPABILITY_CHECK],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.split() == [capability.upper()]
+
+
+def test_threads_do_not_change_the_result():
+    """Blocks go to whichever thread is free; each block's arithmetic is the same, so two
+    threads give the same bits as one."""
+    bias = family_bias("kerple_log", True)
+    q, k, v = qkv(300, 300, batch=3)
+    threads = torch.get_num_threads()
+    outs = []
+    try:
+        for count in (1, 2):
+            torch.set_num_threads(count)
+            with torch.no_grad():
+                outs.append(biased_attention(q, k, v, bias, backend="fused"))
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(outs[0], outs[1])
+
+
+@pytest.mark.parametrize("heads,batch", [(1, 1), (1, 2), (3, 1), (2, 3)])
+@pytest.mark.parametrize("causal", [True, False])
+def test_work_shared_by_two_threads(heads, batch, causal, monkeypatch):
+    """With two threads a head's blocks of rows are cut into runs of about equal cost (one
+    head: several runs); every split gives the materialised result."""
+    monkeypatch.setattr(fused, "Q_BLOCK", 8)
+    monkeypatch.setattr(fused, "KV_BLOCK", 16)
+    name = "t5" if causal else "alibi"
+    bias = relbias.make_bias(name, heads, bidirectional=not causal)
+    q, k, v = (torch.randn(batch, heads, 90, 16) for _ in range(3))
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        with torch.no_grad():
+            got = biased_attention(q, k, v, bias, causal=causal, backend="fused")
+            expected = biased_attention(q, k, v, bias, causal=causal, backend="materialize")
+    finally:
+        torch.set_num_threads(threads)
+    assert_close(got, expected)

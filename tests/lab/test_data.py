@@ -1,0 +1,138 @@
+"""The byte corpus (deterministic, split by file, no overlap) and the recall probe."""
+
+import pytest
+import torch
+
+from relbias.lab.data import (
+    KEYS,
+    VALUES,
+    eval_windows,
+    list_source_files,
+    load_corpus,
+    make_recall_batch,
+    random_windows,
+    select_files,
+)
+
+SMALL = 400_000
+
+
+@pytest.fixture
+def fake_stdlib(tmp_path):
+    files = {
+        "a.py": 100,
+        "pkg/b.py": 200,
+        "pkg/sub/c.py": 50,
+        "test/t.py": 10,
+        "pkg/tests/u.py": 10,
+        "site-packages/x/y.py": 10,
+        "idlelib/idle_test/z.py": 10,
+        "notes.txt": 10,
+        "empty.py": 0,
+    }
+    for rel, size in files.items():
+        path = tmp_path / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(b"x" * size)
+    return tmp_path
+
+
+def test_excluded_folders(fake_stdlib):
+    assert list_source_files(fake_stdlib) == ["a.py", "empty.py", "pkg/b.py", "pkg/sub/c.py"]
+
+
+def test_caps_and_empty_files(fake_stdlib):
+    chosen = select_files(fake_stdlib, max_bytes=10_000, max_file_bytes=150, val_every=2)
+    assert {f["path"] for f in chosen} == {"a.py", "pkg/sub/c.py"}
+    capped = select_files(fake_stdlib, max_bytes=120, val_every=2)
+    assert sum(f["bytes"] for f in capped) <= 120
+
+
+def test_missing_root(tmp_path):
+    with pytest.raises(FileNotFoundError):
+        list_source_files(tmp_path / "nope")
+
+
+def test_split_is_deterministic_and_disjoint():
+    first = select_files(max_bytes=SMALL)
+    assert first == select_files(max_bytes=SMALL)
+    train = {f["path"] for f in first if f["split"] == "train"}
+    val = {f["path"] for f in first if f["split"] == "val"}
+    assert train and val and not train & val
+    assert sum(f["bytes"] for f in first) <= SMALL
+    assert not any("test" in f["path"].split("/")[:-1] for f in first)
+    # a file keeps its side when the cap grows
+    bigger = {f["path"]: f["split"] for f in select_files(max_bytes=2 * SMALL)}
+    assert all(bigger.get(f["path"], f["split"]) == f["split"] for f in first)
+
+
+def test_corpus_bytes_and_description():
+    corpus = load_corpus(max_bytes=SMALL)
+    info = corpus.describe()
+    assert corpus.train.dtype == torch.uint8
+    assert info["train_bytes"] + info["val_bytes"] == sum(f["bytes"] for f in info["files"])
+    assert len(info["train_sha256"]) == 64 and info["train_sha256"] != info["val_sha256"]
+    assert "files" not in corpus.describe(with_files=False)
+
+
+def test_random_windows_are_shifted_targets():
+    data = torch.arange(100, dtype=torch.uint8)
+    x, y = random_windows(data, 4, 10, torch.Generator().manual_seed(0))
+    assert x.shape == y.shape == (4, 10)
+    assert torch.equal(y[:, :-1], x[:, 1:])
+    with pytest.raises(ValueError):
+        random_windows(data, 4, 100, torch.Generator())
+
+
+def test_eval_windows_do_not_overlap():
+    data = torch.arange(50, dtype=torch.uint8)
+    x, y = eval_windows(data, 8, 40)
+    assert x.shape == (5, 8)
+    assert torch.equal(x.flatten(), torch.arange(40))
+    assert torch.equal(y.flatten(), torch.arange(1, 41))
+    with pytest.raises(ValueError):
+        eval_windows(data, 64, 1000)
+
+
+@pytest.mark.parametrize("num_pairs", [1, 4])
+def test_recall_answer_sits_at_distance(num_pairs):
+    dist = torch.tensor([1, 5, 17, 30])
+    x, y = make_recall_batch(
+        4, 32, dist, num_pairs=num_pairs, generator=torch.Generator().manual_seed(3)
+    )
+    assert (y[:, :-1] == -100).all()
+    for row, target, d in zip(x, y[:, -1], dist.tolist()):
+        pos = 31 - d
+        assert int(row[pos]) == int(target) and int(target) in VALUES
+        assert int(row[pos - 1]) == int(row[-1]) and int(row[-1]) in KEYS
+        assert sum(int(b) in VALUES for b in row) == num_pairs
+        keys = [int(b) for b in row[:-1] if int(b) in KEYS]
+        assert len(keys) == len(set(keys)) == num_pairs
+
+
+def test_recall_is_seeded_and_checks_distance():
+    def batch(seed):
+        return make_recall_batch(3, 20, 7, generator=torch.Generator().manual_seed(seed))
+
+    assert all(torch.equal(a, b) for a, b in zip(batch(1), batch(1)))
+    assert not torch.equal(batch(1)[0], batch(2)[0])
+    for bad in (0, 19):
+        with pytest.raises(ValueError, match="distance"):
+            make_recall_batch(1, 20, bad, generator=torch.Generator())
+
+
+def test_recall_distractors_are_lone_digits():
+    x, y = make_recall_batch(
+        8, 40, 10, num_pairs=2, num_distractors=5, generator=torch.Generator().manual_seed(0)
+    )
+    for row, target in zip(x, y[:, -1]):
+        assert sum(int(b) in VALUES for b in row) == 2 + 5
+        assert int(row[-11]) == int(target) and int(row[-12]) == int(row[-1])
+        digits_after_keys = [
+            i for i in range(1, 40) if int(row[i]) in VALUES and int(row[i - 1]) in KEYS
+        ]
+        assert len(digits_after_keys) == 2
+    with pytest.raises(ValueError, match="do not fit"):
+        make_recall_batch(1, 10, 3, num_pairs=2, num_distractors=6, generator=torch.Generator())
+    with pytest.raises(ValueError, match="num_distractors"):
+        make_recall_batch(1, 10, 3, num_distractors=-1, generator=torch.Generator())

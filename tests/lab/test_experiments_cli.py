@@ -1,0 +1,180 @@
+"""The experiments' command line: documented errors, and a tiny run end to end."""
+
+import json
+import subprocess
+import sys
+
+import matplotlib
+import pytest
+
+from relbias.lab.experiments import main, resolve_methods
+from relbias.lab.model import BASELINE_POSITIONS, POSITION_NAMES
+
+matplotlib.use("Agg")
+
+
+def _error(capsys, argv):
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == 2
+    return capsys.readouterr().err
+
+
+def test_resolve_methods():
+    assert resolve_methods(["all"]) == list(POSITION_NAMES)
+    assert resolve_methods(["baselines", "rope", "alibi"]) == [*BASELINE_POSITIONS, "alibi"]
+    with pytest.raises(ValueError, match="unknown method 'bogus'"):
+        resolve_methods(["bogus"])
+
+
+def test_unknown_method(capsys, tmp_path):
+    err = _error(capsys, ["extrapolation", "--methods", "alibi", "bogus", "--out", str(tmp_path)])
+    assert "unknown method 'bogus'" in err and "kerple_log" in err
+
+
+@pytest.mark.parametrize("option", ["--lengths", "--steps", "--train-len"])
+@pytest.mark.parametrize("value", ["0", "-3", "two"])
+def test_non_positive_lengths(capsys, tmp_path, option, value):
+    err = _error(capsys, ["extrapolation", option, value, "--out", str(tmp_path)])
+    assert "must be an integer > 0" in err and option in err
+
+
+def test_unwritable_out(capsys, tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    err = _error(capsys, ["retrieval", "--out", str(blocker / "sub")])
+    assert "--out" in err and "not a writable folder" in err
+
+
+def test_distance_beyond_longest_sequence(capsys, tmp_path):
+    err = _error(
+        capsys,
+        [
+            "retrieval",
+            "--train-len",
+            "16",
+            "--lengths",
+            "1",
+            "--distances",
+            "4",
+            "40",
+            "--out",
+            str(tmp_path),
+        ],
+    )
+    assert "--distances [40]" in err
+
+
+def test_probe_that_does_not_fit(capsys, tmp_path):
+    err = _error(
+        capsys,
+        [
+            "retrieval",
+            "--train-len",
+            "8",
+            "--num-pairs",
+            "3",
+            "--distractors",
+            "2",
+            "--out",
+            str(tmp_path),
+        ],
+    )
+    assert "do not fit" in err
+    assert "integer >= 0" in _error(capsys, ["retrieval", "--distractors", "-1"])
+
+
+def test_unknown_experiment_and_config(capsys):
+    assert "invalid choice" in _error(capsys, ["nonsense"])
+    assert "invalid choice" in _error(capsys, ["extrapolation", "--config", "huge"])
+
+
+def test_module_entry_point_errors_without_traceback(tmp_path):
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "relbias.lab.experiments",
+            "extrapolation",
+            "--methods",
+            "nope_x",
+            "--out",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2
+    assert "unknown method 'nope_x'" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_tiny_extrapolation_run(capsys, tmp_path):
+    assert (
+        main(
+            [
+                "extrapolation",
+                "--methods",
+                "alibi",
+                "learned",
+                "--steps",
+                "3",
+                "--train-len",
+                "8",
+                "--lengths",
+                "1",
+                "4",
+                "--out",
+                str(tmp_path),
+                "--no-progress",
+                "--config",
+                "quick",
+            ]
+        )
+        == 0
+    )
+    out = capsys.readouterr().out
+    assert "alibi" in out and "learned" in out
+    results = json.loads((tmp_path / "extrapolation_quick.json").read_text())
+    assert set(results["methods"]) == {"alibi", "learned"}
+    assert [r["length"] for r in results["methods"]["alibi"]["eval"]] == [8, 32]
+    assert results["corpus"]["files"] and results["provenance"]["config"]["steps"] == 3
+    assert results["methods"]["alibi"]["learned_bias"]["max_offset"] == 15
+    assert (tmp_path / "extrapolation_quick.png").stat().st_size > 0
+
+
+def test_tiny_retrieval_run(capsys, tmp_path):
+    assert (
+        main(
+            [
+                "retrieval",
+                "--methods",
+                "t5",
+                "--steps",
+                "2",
+                "--train-len",
+                "8",
+                "--lengths",
+                "1",
+                "2",
+                "--distances",
+                "1",
+                "3",
+                "10",
+                "--out",
+                str(tmp_path),
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
+    results = json.loads((tmp_path / "retrieval_quick.json").read_text())
+    rows = results["methods"]["t5"]["eval"]
+    assert [(r["length"], r["distance"]) for r in rows] == [
+        (8, 1),
+        (8, 3),
+        (16, 1),
+        (16, 3),
+        (16, 10),
+    ]
+    assert "accuracy" in capsys.readouterr().out

@@ -1,0 +1,234 @@
+"""Configs, seeding, the training loop, evaluation at long lengths, read-back, results, plots."""
+
+import json
+import math
+
+import matplotlib
+import pytest
+import torch
+
+from relbias.lab.data import load_corpus
+from relbias.lab.model import BIAS_POSITIONS, POSITION_NAMES, TinyLM, lm_loss
+from relbias.lab.training import (
+    Config,
+    build_model,
+    evaluate_lengths,
+    evaluate_retrieval,
+    get_config,
+    learned_bias,
+    learned_bias_from_results,
+    load_results,
+    pick_device,
+    plot_learned_bias,
+    plot_results,
+    probe_batches,
+    provenance,
+    save_results,
+    seed_everything,
+    train_lm,
+)
+
+matplotlib.use("Agg")
+
+TINY = Config(
+    name="tiny",
+    dim=32,
+    depth=1,
+    heads=2,
+    train_len=16,
+    batch_size=8,
+    steps=40,
+    lr=1e-2,
+    warmup=5,
+    eval_tokens=1024,
+    eval_batch_size=4,
+    corpus_bytes=300_000,
+    probe_steps=5,
+    probe_batch_size=8,
+    probe_eval_samples=10,
+)
+
+
+@pytest.fixture(scope="module")
+def corpus():
+    return load_corpus(max_bytes=TINY.corpus_bytes)
+
+
+def test_quick_config_under_ci(monkeypatch):
+    monkeypatch.setenv("CI", "true")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert get_config().name == "quick"
+    monkeypatch.delenv("CI")
+    assert get_config().name == "full"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert get_config().name == "quick"
+
+
+def test_config_overrides_and_checks():
+    assert get_config("quick", steps=5).steps == 5
+    assert get_config("quick").eval_factors == (1, 2, 4, 8, 16)
+    with pytest.raises(ValueError, match="config name"):
+        get_config("huge")
+    with pytest.raises(ValueError, match="train_len"):
+        get_config("quick", train_len=0)
+    with pytest.raises(ValueError, match="eval_factors"):
+        get_config("quick", eval_factors=(1, -2))
+    with pytest.raises(ValueError, match="divisible"):
+        get_config("quick", dim=30, heads=4)
+    with pytest.raises(ValueError, match="seed"):
+        get_config("quick", seed=-1)
+    assert get_config("quick", eval_factors=[1, 2]).eval_factors == (1, 2)
+
+
+def test_pick_device_prints(capsys):
+    assert pick_device("cpu").type == "cpu"
+    assert "cpu" in capsys.readouterr().out
+
+
+def _fixed_batch_loss(model, corpus):
+    x = corpus.val[: 16 * 16 + 1].long()
+    with torch.no_grad():
+        return float(lm_loss(model(x[:-1].view(16, 16)), x[1:].view(16, 16)))
+
+
+@pytest.mark.parametrize("position", POSITION_NAMES)
+def test_a_few_steps_lower_the_loss(position, corpus):
+    seed_everything(0)
+    model = build_model(position, TINY)
+    before = _fixed_batch_loss(model, corpus)
+    history = train_lm(model, corpus.train, TINY, progress=False)
+    after = _fixed_batch_loss(model, corpus)
+    assert after < before - 0.5, (before, after)
+    assert len(history["losses"]) == TINY.steps and history["tokens_per_s"] > 0
+
+
+@pytest.mark.parametrize("position", POSITION_NAMES)
+def test_evaluation_at_16x_is_finite(position, corpus):
+    seed_everything(0)
+    fallback = {"learned_fallback": "clip"} if position == "learned" else {}
+    model = build_model(position, TINY, **fallback)
+    train_lm(model, corpus.train, TINY, steps=3, progress=False)
+    rows = evaluate_lengths(model, corpus.val, TINY)
+    assert [r["factor"] for r in rows] == [1, 2, 4, 8, 16]
+    assert rows[-1]["length"] == 256 and len(rows[-1]["loss_by_position"]) == 256
+    for row in rows:
+        assert math.isfinite(row["bpb"]) and row["windows"] >= 1
+        assert all(math.isfinite(v) for v in row["loss_by_position"])
+
+
+def test_learned_positions_without_fallback_refuse_long_eval(corpus):
+    model = build_model("learned", TINY)
+    with pytest.raises(ValueError, match="learned_fallback"):
+        evaluate_lengths(model, corpus.val, TINY, factors=(2,))
+    with pytest.raises(ValueError, match="factors"):
+        evaluate_lengths(model, corpus.val, TINY, factors=(0,))
+
+
+def test_training_is_deterministic(corpus):
+    runs = []
+    for _ in range(2):
+        seed_everything(0)
+        model = build_model("kerple_log", TINY)
+        runs.append(train_lm(model, corpus.train, TINY, steps=5, progress=False)["losses"])
+    assert runs[0] == runs[1]
+
+
+@pytest.mark.parametrize("position", BIAS_POSITIONS)
+def test_learned_bias_readback_shapes(position):
+    model = TinyLM(position=position, dim=16, depth=2, heads=2, train_len=8)
+    table = learned_bias(model, 31)
+    assert table.shape == (2, 32) and table.dtype == torch.float32
+    assert torch.isfinite(table).all()
+    assert learned_bias(model.bias, 5, query_position=20).shape == (2, 6)
+    per_layer = TinyLM(position=position, dim=16, depth=2, heads=2, train_len=8, share_bias=False)
+    assert learned_bias(per_layer, 7, layer=1).shape == (2, 8)
+
+
+def test_learned_bias_matches_the_module():
+    model = TinyLM(position="alibi", dim=16, depth=1, heads=2, train_len=8)
+    full = model.bias(10)  # [heads, 10, 10]; last row holds offsets 9..0
+    torch.testing.assert_close(learned_bias(model, 9), full[:, -1].flip(-1))
+
+
+def test_learned_bias_errors():
+    with pytest.raises(ValueError, match="no additive bias"):
+        learned_bias(TinyLM(position="rope", dim=16, depth=1, heads=2), 4)
+    fire = TinyLM(position="fire", dim=16, depth=1, heads=2)
+    with pytest.raises(ValueError, match="query_position"):
+        learned_bias(fire, 10, query_position=5)
+    with pytest.raises(ValueError, match="layer"):
+        learned_bias(fire, 4, layer=3)
+    with pytest.raises(TypeError):
+        learned_bias(torch.nn.Linear(2, 2), 4)
+
+
+def test_probe_training_and_accuracy():
+    seed_everything(0)
+    model = build_model("alibi", TINY)
+    train_lm(model, probe_batches(TINY), TINY, steps=TINY.probe_steps, progress=False)
+    rows = evaluate_retrieval(model, TINY, seq_len=32, samples=10)
+    assert [r["distance"] for r in rows] == [1, 2, 4, 8, 16, 30]
+    assert all(0.0 <= r["accuracy"] <= 1.0 for r in rows)
+
+
+def _tiny_results():
+    rows = [
+        {
+            "factor": f,
+            "length": 16 * f,
+            "windows": 1,
+            "bpb": 3.0,
+            "loss_by_position": [3.0] * (16 * f),
+        }
+        for f in (1, 2)
+    ]
+    return {
+        "kind": "extrapolation",
+        "methods": {"alibi": {"eval": rows}, "rope": {"eval": rows}},
+        "provenance": provenance(TINY, torch.device("cpu"), wall_s=1.0),
+    }
+
+
+def test_results_roundtrip_and_plots(tmp_path):
+    results = _tiny_results()
+    prov = results["provenance"]
+    assert prov["config"]["name"] == "tiny" and prov["torch"] == torch.__version__
+    assert {"device", "commit", "created_utc", "wall_s", "python"} <= set(prov)
+    path = save_results(results, tmp_path / "sub" / "r.json")
+    assert load_results(path) == json.loads(json.dumps(results))
+    fig = plot_results(results, tmp_path / "r.png")
+    assert (tmp_path / "r.png").stat().st_size > 0 and len(fig.axes) == 2
+    retrieval = {
+        "kind": "retrieval",
+        "provenance": prov,
+        "methods": {
+            "alibi": {
+                "eval": [
+                    {"length": 16, "distance": d, "accuracy": 0.5, "samples": 2} for d in (1, 2)
+                ]
+            }
+        },
+    }
+    assert len(plot_results(retrieval).axes) == 1
+    with pytest.raises(ValueError, match="kind"):
+        plot_results({"kind": "other"})
+    with pytest.raises(FileNotFoundError, match="stored results"):
+        load_results("no_such_result")
+
+
+def test_plot_learned_bias():
+    models = {
+        p: TinyLM(position=p, dim=16, depth=1, heads=2, train_len=8)
+        for p in ("alibi", "fire", "t5")
+    }
+    fig = plot_learned_bias(models, 20, train_len=8)
+    assert len(fig.axes) == 3
+    stored = {
+        "methods": {
+            "alibi": {"learned_bias": {"values": [[0.0, -0.5], [0.0, -0.1]]}},
+            "rope": {"learned_bias": None},
+        }
+    }
+    tables = learned_bias_from_results(stored)
+    assert list(tables) == ["alibi"] and tables["alibi"].shape == (2, 2)
+    assert len(plot_learned_bias(tables, 1).axes) == 1
