@@ -16,7 +16,9 @@ from __future__ import annotations
 import argparse
 import time
 
-from relbias.attention.flex import last_backend
+import torch
+
+from relbias import choose_backend
 from relbias.lab.data import load_corpus
 from relbias.lab.model import BIAS_POSITIONS
 from relbias.lab.training import build_model, evaluate_lengths, get_config
@@ -53,7 +55,9 @@ def main(argv=None) -> int:
             start = time.perf_counter()
             rows = evaluate_lengths(model, corpus.val, cfg, factors=(args.factor,))
             seconds[backend], bpb[backend] = time.perf_counter() - start, rows[0]["bpb"]
-        took = last_backend()
+        q = torch.empty(1, model.heads, length, model.dim // model.heads)
+        with torch.no_grad():  # as in evaluate_lengths
+            took = choose_backend(q, q, q, model.bias_modules()[0])
         print(
             f"{method:14s} {took:>9s} {seconds['materialize']:13.2f} {seconds['auto']:8.2f} "
             f"{seconds['materialize'] / seconds['auto']:7.2f}x "

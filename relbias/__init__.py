@@ -10,7 +10,13 @@ imported by name: :mod:`relbias.lab` (a tiny language model, training, experimen
 (the attention benchmark).
 """
 
-from relbias.attention import BACKENDS, PreparedBias, biased_attention, prepare_bias
+from relbias.attention import (
+    BACKENDS,
+    PreparedBias,
+    biased_attention,
+    choose_backend,
+    prepare_bias,
+)
 from relbias.biases import (
     BIAS_FAMILIES,
     BIAS_NAMES,
@@ -27,6 +33,7 @@ from relbias.biases import (
     relative_positions,
     t5_bucket,
 )
+from relbias.rotary import SCALING_KINDS, RopeScaling, RotaryEmbedding
 
 __version__ = "0.1.0"
 
@@ -41,10 +48,14 @@ __all__ = [
     "OffsetBias",
     "PreparedBias",
     "RelativeBias",
+    "RopeScaling",
+    "RotaryEmbedding",
+    "SCALING_KINDS",
     "Sandwich",
     "T5Bias",
     "alibi_slopes",
     "biased_attention",
+    "choose_backend",
     "make_bias",
     "prepare_bias",
     "relative_positions",

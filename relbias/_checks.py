@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import numbers
 
 import torch
@@ -14,6 +15,13 @@ def check_int(name: str, value, *, minimum: int | None = None) -> int:
     value = int(value)
     if minimum is not None and value < minimum:
         raise ValueError(f"{name} must be an integer >= {minimum}, got {value}")
+    return value
+
+
+def check_bool(name: str, value) -> bool:
+    """Return ``value`` if it is ``True`` or ``False``, else raise naming ``name``."""
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be True or False, got {value!r}")
     return value
 
 
@@ -72,3 +80,52 @@ def compute_dtype(*tensors: torch.Tensor) -> torch.dtype:
     if any(t.dtype == torch.float64 for t in tensors):
         return torch.float64
     return torch.float32
+
+
+def needs_grad(*inputs) -> bool:
+    """Whether a result computed from ``inputs`` needs a gradient: the one test of every backend.
+
+    True when grad mode is on and any input asks for one: a tensor (or a prepared bias)
+    with ``requires_grad``, or a module with a parameter that requires grad. ``None``
+    inputs are skipped.
+    """
+    if not torch.is_grad_enabled():
+        return False
+    for x in inputs:
+        if isinstance(x, torch.nn.Module):
+            if any(p.requires_grad for p in x.parameters()):
+                return True
+        elif x is not None and getattr(x, "requires_grad", False):
+            return True
+    return False
+
+
+def autocast_enabled(device: torch.device | str) -> bool:
+    """Whether ``torch.autocast`` is on for ``device``'s type (False where torch cannot say)."""
+    device_type = torch.device(device).type
+    try:
+        return torch.is_autocast_enabled(device_type)
+    except (TypeError, RuntimeError):  # an older torch: no device argument
+        if device_type == "cpu":
+            return torch.is_autocast_cpu_enabled()
+        return device_type == "cuda" and torch.is_autocast_enabled()
+
+
+def no_autocast(device: torch.device | str):
+    """A context in which ``torch.autocast`` is off for ``device``'s type.
+
+    Biases are computed (FIRE's MLP included) and added in float32 whatever autocast a
+    caller runs under. A device type that autocast does not know needs nothing turned off.
+    """
+    device_type = torch.device(device).type
+    try:
+        return torch.autocast(device_type, enabled=False)
+    except (RuntimeError, ValueError):
+        return contextlib.nullcontext()
+
+
+def float64_device(device: torch.device | str) -> torch.device:
+    """Where float64 arithmetic for ``device`` can run: the device itself, or the CPU for
+    MPS (which has no float64)."""
+    device = torch.device(device)
+    return torch.device("cpu") if device.type == "mps" else device

@@ -117,7 +117,7 @@ else
     warn "Install it (e.g. 'sudo apt-get install chromium'); the browser test will fail without it."
 fi
 
-# --- 6. a C++ compiler for relbias.attention.fused (its kernel is built on first use) --------
+# --- 6. a C++ compiler for relbias.attention.fused, and its kernel built ahead of time ---
 if command -v c++ >/dev/null 2>&1; then
     log "C++ compiler present: $(command -v c++)"
 elif [[ "$(id -u)" == "0" && "${RELBIAS_SKIP_APT:-0}" != "1" ]] && command -v apt-get >/dev/null 2>&1; then
@@ -128,7 +128,15 @@ elif [[ "$(id -u)" == "0" && "${RELBIAS_SKIP_APT:-0}" != "1" ]] && command -v ap
 else
     warn "no C++ compiler (c++) and none can be installed here (not root or no apt-get)."
     warn "Install one (e.g. 'sudo apt-get install g++'): without it backend='fused' is"
-    warn "unavailable, backend='auto' takes the slower table path and tests/test_fused.py fails."
+    warn "unavailable, backend='auto' takes the slower table path and tests/core/test_fused.py fails."
+fi
+# Build (or load) the kernel now rather than on first use; it prints where it is cached.
+if command -v c++ >/dev/null 2>&1; then
+    log "building the fused attention kernel (python -m relbias.attention.fused)"
+    if ! "$VPY" -m relbias.attention.fused; then
+        warn "the fused kernel could not be built (reason above): backend='auto' takes the"
+        warn "table path instead, and tests/core/test_fused.py fails until it builds."
+    fi
 fi
 
 # --- done ----------------------------------------------------------------------

@@ -1,10 +1,30 @@
 """Attention with a relative bias: :func:`biased_attention` and its backends.
 
-``api`` holds the one entry point and its ``auto`` policy; ``flex`` the prepared biases,
-the O(n) table path and FlexAttention; ``fused`` the C++ CPU kernel (``csrc/``).
+``api`` holds the one entry point and its ``auto`` policy (:func:`choose_backend`);
+``prepared`` the prepared biases (the O(n) ingredients of one shape); ``table`` the O(n)
+table path; ``flex`` FlexAttention; ``fused`` the C++ CPU kernel (``csrc/``), imported
+on first use (``relbias.attention.fused`` works as an attribute too).
 """
 
-from relbias.attention.api import BACKENDS, biased_attention
-from relbias.attention.flex import PreparedBias, prepare_bias
+import importlib
 
-__all__ = ["BACKENDS", "PreparedBias", "biased_attention", "prepare_bias"]
+from relbias.attention.api import BACKENDS, biased_attention, choose_backend
+from relbias.attention.prepared import FIREBias, OffsetTableBias, PreparedBias, prepare_bias
+
+__all__ = [
+    "BACKENDS",
+    "FIREBias",
+    "OffsetTableBias",
+    "PreparedBias",
+    "biased_attention",
+    "choose_backend",
+    "prepare_bias",
+]
+
+
+def __getattr__(name: str):
+    # `relbias.attention.fused` without importing it with the package: its module runs as
+    # `python -m relbias.attention.fused`, which must not find it imported already.
+    if name == "fused":
+        return importlib.import_module("relbias.attention.fused")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,23 +1,44 @@
-"""Multi-head attention with an additive relative positional bias (the book's Eqs. 2.75-2.77)."""
+"""Multi-head attention with an additive relative positional bias (the book's Eqs. 2.75-2.77).
+
+:func:`biased_attention` is the one entry point; :func:`choose_backend` is its one
+``"auto"`` policy (the model asks it too). The backends live below: the dense bias
+(here), the O(n) table path (:mod:`relbias.attention.table`), FlexAttention
+(:mod:`relbias.attention.flex`) and the fused C++ CPU kernel
+(:mod:`relbias.attention.fused`); what they read of a bias is a
+:class:`~relbias.attention.prepared.PreparedBias`.
+"""
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
 from torch.nn import functional as F
 
-from relbias._checks import check_lengths
-from relbias.attention import fused
-from relbias.attention.flex import (
-    FLEX_DTYPES,
-    PreparedBias,
-    _set_last_backend,
-    flex_attention_with_bias,
-    prepare_bias,
-    table_attention,
-)
+from relbias._checks import autocast_enabled, check_bool, check_lengths, needs_grad, no_autocast
+from relbias.attention.flex import FLEX_DTYPES, flex_attention_with_bias
+from relbias.attention.prepared import PreparedBias, visible
+from relbias.attention.table import table_attention
 from relbias.biases.base import RelativeBias
+
+__all__ = [
+    "BACKENDS",
+    "CPU_INFERENCE_BACKENDS",
+    "biased_attention",
+    "causal_mask",
+    "choose_backend",
+]
+
+BACKENDS = ("auto", "materialize", "table", "flex", "fused")
+
+#: What ``backend="auto"`` takes on the CPU when no gradient is needed, in order of
+#: preference: the first that can compute the attention. Measured on a 2-core CPU
+#: (benchmarks/results/cpu.json): the fused kernel (:mod:`relbias.attention.fused`, float32,
+#: where a C++ compiler could build it) runs nearest the speed of bias-free attention, the
+#: strided-table path next; FlexAttention's CPU kernel (forward only) is about 3x
+#: slower than bias-free attention even with no bias.
+CPU_INFERENCE_BACKENDS = ("fused", "table")
 
 
 def _check_qkv(q, k, v) -> None:
@@ -51,23 +72,25 @@ def _check_module(bias: RelativeBias, heads: int, causal: bool) -> None:
         )
 
 
-def _bias_tensor(bias, q, k, q_start: int, causal: bool) -> torch.Tensor | None:
-    batch, heads, q_len, _ = q.shape
-    k_len = k.shape[2]
-    if bias is None:
-        return None
-    if isinstance(bias, RelativeBias):
-        _check_module(bias, heads, causal)
-        return bias(q_len, k_len, q_start=q_start)
-    if isinstance(bias, PreparedBias):
-        bias.check_shape(heads, q_len, k_len, q_start, causal)
-        return bias.materialize()
-    if not isinstance(bias, torch.Tensor):
+def causal_mask(q_len: int, k_len: int, q_start: int, device=None) -> torch.Tensor:
+    """The dense causal mask ``[q_len, k_len]``: True where query ``q_start + r`` sees key ``j``.
+
+    For the materialised path only (the other backends never build it).
+    """
+    i = torch.arange(q_start, q_start + q_len, device=device)
+    j = torch.arange(k_len, device=device)
+    return visible(i[:, None], j[None, :])
+
+
+def _check_bias_type(bias) -> None:
+    if bias is not None and not isinstance(bias, (torch.Tensor, RelativeBias, PreparedBias)):
         raise TypeError(
             "bias must be None, a torch.Tensor, a relbias.RelativeBias or a "
-            f"relbias.attention.flex.PreparedBias, got {type(bias).__name__}"
+            f"relbias.PreparedBias, got {type(bias).__name__}"
         )
-    target = (batch, heads, q_len, k_len)
+
+
+def _check_dense(bias: torch.Tensor, target: tuple) -> None:
     if bias.dim() > 4 or any(
         b not in (1, t) for b, t in zip(reversed(bias.shape), reversed(target))
     ):
@@ -75,36 +98,48 @@ def _bias_tensor(bias, q, k, q_start: int, causal: bool) -> torch.Tensor | None:
             f"bias of shape {tuple(bias.shape)} does not broadcast to "
             f"[batch, heads, q_len, k_len] = {list(target)}"
         )
-    return bias
 
 
-BACKENDS = ("auto", "materialize", "table", "flex", "fused")
-
-#: What ``backend="auto"`` takes on the CPU when no gradient is needed, in order of
-#: preference: the first that can compute the attention. Measured on a 2-core CPU
-#: (benchmarks/results/cpu.json): the fused kernel (:mod:`relbias.attention.fused`, float32, where
-#: a C++ compiler could build it) runs nearest the speed of bias-free attention, the
-#: strided-table path next; FlexAttention's CPU kernel (forward only) is about 3x
-#: slower than bias-free attention even with no bias.
-CPU_INFERENCE_BACKENDS = ("fused", "table")
-
-
-def _needs_grad(q, k, v, bias) -> bool:
-    if not torch.is_grad_enabled():
-        return False
-    if any(t.requires_grad for t in (q, k, v)):
-        return True
-    if isinstance(bias, RelativeBias):
-        return any(p.requires_grad for p in bias.parameters())
-    if isinstance(bias, (PreparedBias, torch.Tensor)):
-        return bias.requires_grad
-    return False
+def _dense_mask(additive, q, q_len, k_len, q_start, causal):
+    """The additive mask for SDPA: the bias (4-D, so the fused kernel takes it) and -inf."""
+    if additive is None:
+        return causal_mask(q_len, k_len, q_start, q.device) if causal else None
+    mask = additive.to(q.dtype)
+    while mask.dim() < 4:
+        mask = mask.unsqueeze(0)
+    if causal:
+        mask = mask.masked_fill(~causal_mask(q_len, k_len, q_start, q.device), float("-inf"))
+    return mask
 
 
-def _choose_backend(backend, q, k, v, bias, return_weights) -> str:
+def choose_backend(q, k, v, bias=None, backend="auto", *, return_weights=False) -> str:
+    """The backend :func:`biased_attention` takes for these arguments: the one ``auto`` policy.
+
+    An explicit ``backend`` is checked against the bias (``ValueError`` where it cannot
+    serve it) and returned. ``"auto"`` takes:
+
+    * ``"materialize"`` for ``return_weights=True``, no bias or a dense tensor bias, a
+      dtype other than float32/bfloat16/float16, or a family with no prepared form;
+    * ``"materialize"`` whenever a gradient is needed (grad mode on and ``q``, ``k``,
+      ``v`` or the bias requires one), on every device: the fast paths are forward
+      only or unverified in training (FlexAttention training has not been verified on
+      a GPU, so ``auto`` never takes it);
+    * on the CPU without gradients, the first of :data:`CPU_INFERENCE_BACKENDS` that
+      can run: the fused kernel (float32, where it could be built), else ``"table"``;
+    * on CUDA without gradients, ``"table"``: the O(n) table through strided masks,
+      which never builds a ``q_len x k_len`` index or bias tensor;
+    * on any other device, ``"materialize"``.
+    """
+    _check_qkv(q, k, v)
+    _check_bias_type(bias)
+    return _choose(backend, q, k, v, bias, return_weights)
+
+
+def _choose(backend, q, k, v, bias, return_weights) -> str:
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {list(BACKENDS)}, got {backend!r}")
     structured = isinstance(bias, (RelativeBias, PreparedBias))
+    preparable = structured and (isinstance(bias, PreparedBias) or bias.preparable)
     if backend != "auto":
         if return_weights and backend != "materialize":
             raise ValueError(
@@ -118,49 +153,22 @@ def _choose_backend(backend, q, k, v, bias, return_weights) -> str:
             )
         if backend in ("table", "fused") and bias is None:
             raise ValueError(f"backend={backend!r} needs a bias; use 'materialize' or 'flex'")
-        if (
-            backend in ("table", "fused")
-            and isinstance(bias, RelativeBias)
-            and not (bias.offset_only or _is_fire(bias))
-        ):
+        if backend in ("table", "fused") and not preparable:
             raise ValueError(f"backend={backend!r} does not support {type(bias).__name__}")
         return backend
-    if return_weights or not structured or q.dtype not in FLEX_DTYPES:
+    if return_weights or not preparable or q.dtype not in FLEX_DTYPES:
         return "materialize"
-    if isinstance(bias, RelativeBias) and not (bias.offset_only or _is_fire(bias)):
+    if needs_grad(q, k, v, bias):
         return "materialize"
     if q.device.type == "cuda":
-        return "flex"
-    if q.device.type != "cpu" or _needs_grad(q, k, v, bias):
-        return "materialize"
-    for name in CPU_INFERENCE_BACKENDS:
-        if name != "fused" or (q.dtype == torch.float32 and fused.available()):
-            return name
+        return "table"
+    if q.device.type == "cpu":
+        from relbias.attention import fused  # built on first use
+
+        for name in CPU_INFERENCE_BACKENDS:
+            if name != "fused" or (q.dtype == torch.float32 and fused.available()):
+                return name
     return "materialize"
-
-
-def _is_fire(bias) -> bool:
-    from relbias.biases.fire import FIRE
-
-    return isinstance(bias, FIRE)
-
-
-def _dense_mask(additive, q, q_len, k_len, q_start, causal):
-    """The additive mask for SDPA: the bias (4-D, so the fused kernel takes it) and -inf."""
-    if additive is None:
-        if not causal:
-            return None
-        i = torch.arange(q_start, q_start + q_len, device=q.device)
-        j = torch.arange(k_len, device=q.device)
-        return j[None, :] <= i[:, None]  # boolean: True where attention is allowed
-    mask = additive.to(q.dtype)
-    while mask.dim() < 4:
-        mask = mask.unsqueeze(0)
-    if causal:
-        i = torch.arange(q_start, q_start + q_len, device=q.device)
-        j = torch.arange(k_len, device=q.device)
-        mask = mask.masked_fill(j[None, :] > i[:, None], float("-inf"))
-    return mask
 
 
 def biased_attention(
@@ -187,76 +195,96 @@ def biased_attention(
     inside, which is the same attention with the bias multiplied by :math:`\sqrt{d}`.
     ``bias`` is a tensor broadcastable to ``[batch, heads, q_len, k_len]``, a
     :class:`~relbias.RelativeBias` (called with the lengths and ``q_start``), or a
-    bias prepared once for this shape by :func:`relbias.attention.flex.prepare_bias` (to share
+    bias prepared once for this shape by :meth:`relbias.RelativeBias.prepare` (to share
     it across layers).
     Queries sit at positions ``q_start ..`` (default: the last ``q_len`` of ``k_len``),
     and with ``causal=True`` query ``i`` sees keys ``j <= i``.
 
-    ``backend`` chooses how the bias reaches the scores (see :mod:`relbias.attention.flex`):
-    ``"materialize"`` builds the ``[heads, q_len, k_len]`` bias; ``"table"`` reads an
-    offset-only bias from its O(n) table through a strided view (FIRE: block by
-    block), with no ``q_len x k_len`` tensor; ``"flex"`` computes it inside a compiled
-    FlexAttention kernel; ``"fused"`` inside relbias's own C++ CPU kernel
-    (:mod:`relbias.attention.fused`, float32, forward only). ``"auto"`` (default) takes
-    FlexAttention on a GPU; on the CPU it takes the first of
-    :data:`CPU_INFERENCE_BACKENDS` that can run when no gradient is needed
-    (FlexAttention and the fused kernel have no CPU backward) and ``"materialize"``
-    otherwise; a dense tensor bias, a float64
-    input and ``return_weights=True`` always materialise. All backends give the same
-    values within float rounding.
+    ``backend`` chooses how the bias reaches the scores: ``"materialize"`` builds the
+    ``[heads, q_len, k_len]`` bias; ``"table"`` reads an offset-only bias from its O(n)
+    table through a strided view (FIRE: block by block), with no ``q_len x k_len``
+    tensor (:mod:`relbias.attention.table`); ``"flex"`` computes it inside a compiled
+    FlexAttention kernel (:mod:`relbias.attention.flex`); ``"fused"`` inside relbias's
+    own C++ CPU kernel (:mod:`relbias.attention.fused`, float32, forward only).
+    ``"auto"`` (default) follows :func:`choose_backend`: ``"materialize"`` whenever a
+    gradient is needed; without gradients the fused kernel on the CPU (else the table
+    path), the table path on CUDA; a dense tensor bias, a float64 input and
+    ``return_weights=True`` always materialise. All backends give the same values
+    within float rounding.
+
+    Under ``torch.autocast`` the bias is computed and added in float32 (FIRE's MLP
+    included): with a bias, the attention runs outside autocast on ``q``, ``k``, ``v``
+    cast to at least float32, and returns that dtype.
 
     Returns the output ``[batch, heads, q_len, v_dim]``, and with
     ``return_weights=True`` also the weights :math:`\alpha` ``[batch, heads, q_len, k_len]``;
-    with ``return_backend=True`` the name of the backend taken comes last
-    (also available afterwards from :func:`relbias.attention.flex.last_backend`).
-    With no keys (``k_len = 0``) the output is zero (an empty sum).
+    with ``return_backend=True`` the name of the backend taken comes last (or ask
+    :func:`choose_backend` beforehand). With no keys (``k_len = 0``) the output is zero
+    (an empty sum).
     """
     _check_qkv(q, k, v)
-    if not isinstance(causal, bool):
-        raise TypeError(f"causal must be True or False, got {causal!r}")
+    check_bool("causal", causal)
+    _check_bias_type(bias)
+    q_len, k_len, q_start = check_lengths(q.shape[2], k.shape[2], q_start)  # the one check
+    if bias is not None and autocast_enabled(q.device):
+        # The bias is computed and added in float32: the attention runs outside autocast,
+        # on q, k and v in at least float32 (autocast would round the bias to its dtype).
+        dtype = functools.reduce(torch.promote_types, (q.dtype, k.dtype, v.dtype, torch.float32))
+        with no_autocast(q.device):
+            q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
+            return _attend(q, k, v, bias, causal, return_weights, q_start, backend, return_backend)
+    return _attend(q, k, v, bias, causal, return_weights, q_start, backend, return_backend)
+
+
+def _attend(q, k, v, bias, causal, return_weights, q_start, backend, return_backend):
+    """:func:`biased_attention` for arguments already checked."""
     batch, heads, q_len, head_dim = q.shape
     k_len = k.shape[2]
-    q_len, k_len, q_start = check_lengths(q_len, k_len, q_start)
-    chosen = _choose_backend(backend, q, k, v, bias, return_weights)
+    chosen = _choose(backend, q, k, v, bias, return_weights)
 
     def finish(*outputs):
-        _set_last_backend(chosen)
         if return_backend:
             outputs = (*outputs, chosen)
         return outputs if len(outputs) > 1 else outputs[0]
 
-    if chosen != "materialize" or q_len == 0 or k_len == 0:
-        if isinstance(bias, RelativeBias):
-            _check_module(bias, heads, causal)
-        elif isinstance(bias, PreparedBias):
-            bias.check_shape(heads, q_len, k_len, q_start, causal)
-        elif bias is not None and not isinstance(bias, torch.Tensor):
-            _bias_tensor(bias, q, k, q_start, causal)  # raises the TypeError
+    if isinstance(bias, RelativeBias):
+        _check_module(bias, heads, causal)
+    elif isinstance(bias, PreparedBias):
+        bias.check_shape(heads, q_len, k_len, q_start, causal)
+    elif isinstance(bias, torch.Tensor):
+        _check_dense(bias, (batch, heads, q_len, k_len))
     if q_len == 0 or k_len == 0:
-        if isinstance(bias, torch.Tensor):
-            _bias_tensor(bias, q, k, q_start, causal)
         out = q.new_zeros(batch, heads, q_len, v.shape[-1])
         if return_weights:
             return finish(out, q.new_zeros(batch, heads, q_len, k_len))
         return finish(out)
 
     if chosen in ("table", "flex", "fused"):
-        prepared = None if bias is None else prepare_bias(bias, q_len, k_len, q_start=q_start)
+        prepared = bias
+        if isinstance(bias, RelativeBias):
+            prepared = bias._prepare(q_len, k_len, q_start)  # lengths checked above
         if chosen == "table":
             return finish(table_attention(q, k, v, prepared, causal=causal))
         if chosen == "fused":
+            from relbias.attention import fused
+
             return finish(fused.fused_attention(q, k, v, prepared, causal=causal))
         return finish(flex_attention_with_bias(q, k, v, prepared, causal=causal, q_start=q_start))
 
-    additive = _bias_tensor(bias, q, k, q_start, causal)
+    if isinstance(bias, RelativeBias):
+        additive = bias(q_len, k_len, q_start=q_start)
+    elif isinstance(bias, PreparedBias):
+        additive = bias.materialize()
+    else:
+        additive = bias
     if return_weights:
         scores = q @ k.transpose(-2, -1) / math.sqrt(head_dim)
         if additive is not None:
             scores = scores + additive.to(q.dtype)
         if causal:
-            i = torch.arange(q_start, q_start + q_len, device=q.device)
-            j = torch.arange(k_len, device=q.device)
-            scores = scores.masked_fill(j[None, :] > i[:, None], float("-inf"))
+            scores = scores.masked_fill(
+                ~causal_mask(q_len, k_len, q_start, q.device), float("-inf")
+            )
         weights = torch.softmax(scores, dim=-1)
         return finish(weights @ v, weights)
     if additive is None and causal and q_start == 0 and q_len == k_len:

@@ -8,32 +8,53 @@ adds :math:`\mathrm{PE}(i, j)` to them in place, and folds them into a running s
 no block above the causal diagonal is computed: FlashAttention's loop (Dao et al.,
 2022, arXiv:2205.14135) with the online softmax of Rabe & Staats (2021,
 arXiv:2112.05682). The bias comes from the O(n) pieces of a prepared bias
-(:func:`relbias.attention.flex.prepare_bias`):
+(:meth:`relbias.RelativeBias.prepare`):
 
 * an offset-only family reads ``PE(i, j)`` from its table: the bias of one row of a
   block is a contiguous run of the reversed table, added with vector loads;
 * FIRE computes :math:`f_\theta(\psi(|i-j|) / \psi(\max(L, i)))` per score, with
   :math:`\psi(|i-j|)` read the same way and the MLP folded to its switching hidden
-  units (:meth:`relbias.attention.flex.FIREBias.folded_mlp`).
+  units (:meth:`relbias.attention.prepared.FIREBias.folded_mlp`).
 
 The kernel is C++, compiled on first use with :func:`torch.utils.cpp_extension.load`
-(a C++ compiler and ``ninja`` are needed; the build takes about 15 s once per
-machine and is cached). It runs forward only, in float32, on the CPU. Where it cannot
-be built, :func:`available` is false, :func:`unavailable_reason` says why, and
-``backend="auto"`` takes the table path instead. Set ``RELBIAS_FUSED=0`` to turn it
-off.
+(a C++ compiler, ``ninja`` and a PyTorch whose ATen has float32
+``at::native::cpublas::brgemm`` are needed; the build takes about 15 s once per machine
+and is cached). The compilation announces itself on stderr (a line when it starts, one
+with its time when it ends). To build it ahead of time, run::
+
+    python -m relbias.attention.fused
+
+which builds (or loads) the kernel, runs its self-test, prints where it is cached and
+how long it took, and exits 0 (1, with the reason, where it cannot be built). It runs
+forward only, in float32, on the CPU. Where it cannot be built, :func:`available` is
+false, :func:`unavailable_reason` says why, and ``backend="auto"`` takes the table path
+instead. Set ``RELBIAS_FUSED=0`` to turn it off.
+
+The build runs in a child process (``torch.utils.cpp_extension`` in a fresh
+interpreter, whose ``PATH`` may carry pip's ``ninja``); this process then loads the
+library with ``torch.ops.load_library``. Nothing of this process changes: not its
+environment, not any library's logger. A build whose inputs are unchanged (its stamp
+matches) is loaded without a child process.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
 
 import torch
 
-from relbias.attention.flex import PreparedBias
+from relbias._checks import needs_grad
+from relbias.attention.prepared import PreparedBias
 
 __all__ = [
     "Q_BLOCK",
@@ -42,6 +63,7 @@ __all__ = [
     "available",
     "build_info",
     "fused_attention",
+    "main",
     "unavailable_reason",
 ]
 
@@ -63,6 +85,18 @@ _CAPABILITY_FLAGS = {
     "DEFAULT": [],
 }
 
+#: The float32 overload of ATen's batch-reduce GEMM that the kernel calls, as declared in
+#: ``ATen/native/CPUBlas.h`` (recent PyTorch releases only).
+_FLOAT_BRGEMM = re.compile(r"void\s+brgemm\s*\([^;]*?const\s+float\s*\*\s*\w+\s*,[^;]*?\)\s*;")
+
+#: What the child process runs: ``cpp_extension.load`` with the arguments in argv[1].
+_CHILD = """
+import json, sys
+from torch.utils import cpp_extension
+args = json.loads(sys.argv[1])
+cpp_extension.load(is_python_module=False, verbose=False, **args)
+"""
+
 
 def _flags() -> tuple[str, list[str]]:
     capability = torch.backends.cpu.get_cpu_capability()
@@ -74,39 +108,129 @@ def _flags() -> tuple[str, list[str]]:
     return capability, flags + _CAPABILITY_FLAGS[capability]
 
 
+def _compiler() -> str:
+    """The C++ compiler ``cpp_extension`` will call (``$CXX``, else ``c++``), or raise."""
+    cxx = os.environ.get("CXX", "c++")
+    words = shlex.split(cxx) or ["c++"]
+    if shutil.which(words[0]) is None:
+        raise RuntimeError(f"no C++ compiler: {words[0]!r} is not on PATH (set CXX or install g++)")
+    return cxx
+
+
+def _ninja_dir() -> str | None:
+    """The folder of a ``ninja`` the child process can run: None if it is on PATH already,
+    else pip's ``ninja`` package's; raise if there is none."""
+    if shutil.which("ninja") is not None:
+        return None
+    try:
+        import ninja
+    except ImportError:
+        raise RuntimeError("ninja is not installed (pip install ninja)") from None
+    return ninja.BIN_DIR
+
+
+def _check_aten() -> None:
+    """Raise unless this PyTorch's ATen declares the float32 ``cpublas::brgemm`` it calls."""
+    from torch.utils import cpp_extension
+
+    for folder in cpp_extension.include_paths():
+        header = Path(folder) / "ATen" / "native" / "CPUBlas.h"
+        if header.is_file():
+            text = header.read_text(errors="replace")
+            if _FLOAT_BRGEMM.search(text) and "brgemm_release" in text:
+                return
+            break
+    raise RuntimeError(
+        f"this PyTorch ({torch.__version__}) has no float32 at::native::cpublas::brgemm "
+        "in ATen/native/CPUBlas.h, which the kernel calls: it needs a more recent PyTorch"
+    )
+
+
+def _build_directory(name: str) -> Path:
+    """Where the build lives: under ``$TORCH_EXTENSIONS_DIR`` or torch's default root, per
+    Python and PyTorch version."""
+    from torch.utils import cpp_extension
+
+    root = os.environ.get("TORCH_EXTENSIONS_DIR") or cpp_extension.get_default_build_root()
+    version = re.sub(r"[^0-9A-Za-z.]", "_", torch.__version__)
+    tag = f"py{sys.version_info.major}{sys.version_info.minor}_torch{version}"
+    return Path(root) / "relbias" / tag / name
+
+
+def _stamp(cxx: str, flags: list[str]) -> str:
+    """A digest of everything the build depends on: a library with this stamp is current."""
+    parts = [SOURCE.read_bytes(), repr((cxx, flags, torch.__version__, sys.version)).encode()]
+    return hashlib.sha256(b"\0".join(parts)).hexdigest()
+
+
+def _compile(name: str, directory: Path, flags: list[str], ninja_dir: str | None) -> None:
+    """Compile in a child process (its own environment): this process changes nothing."""
+    env = dict(os.environ)
+    if ninja_dir is not None:  # pip's ninja, on the child's PATH only
+        env["PATH"] = ninja_dir + os.pathsep + env.get("PATH", "")
+    args = {
+        "name": name,
+        "sources": [str(SOURCE)],
+        "extra_cflags": flags,
+        "extra_ldflags": ["-fopenmp"],
+        "build_directory": str(directory),
+    }
+    proc = subprocess.run(
+        [sys.executable, "-c", _CHILD, json.dumps(args)],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if proc.returncode != 0:
+        tail = (proc.stderr or proc.stdout).strip().splitlines()[-12:]
+        raise RuntimeError("the build failed: " + " | ".join(tail))
+
+
 def _build() -> None:
     if os.environ.get("RELBIAS_FUSED", "1") == "0":
         raise RuntimeError("turned off by RELBIAS_FUSED=0")
-    try:  # the ninja of the pip package, which need not be on PATH
-        import ninja
-
-        if ninja.BIN_DIR not in os.environ.get("PATH", "").split(os.pathsep):
-            os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + os.environ.get("PATH", "")
-    except ImportError:
-        pass
-    import logging
-
-    from torch.utils import cpp_extension
-
+    cxx = _compiler()
+    ninja_dir = _ninja_dir()
+    _check_aten()
     capability, flags = _flags()
+    name = f"relbias_fused_{capability.lower()}"
+    directory = _build_directory(name)
+    library = directory / f"{name}.so"
+    stamp_file = directory / "relbias-stamp.txt"
+    stamp = _stamp(cxx, flags)
     start = time.perf_counter()
-    # the build logs at INFO level (and its compiler's output on failure only)
-    logger = logging.getLogger("torch.utils.cpp_extension")
-    level = logger.level
-    logger.setLevel(logging.WARNING)
-    try:
-        cpp_extension.load(
-            name=f"relbias_fused_{capability.lower()}",
-            sources=[str(SOURCE)],
-            extra_cflags=flags,
-            extra_ldflags=["-fopenmp"],
-            is_python_module=False,
-            verbose=False,
+    compiled = not (
+        library.is_file() and stamp_file.is_file() and stamp_file.read_text().strip() == stamp
+    )
+    if compiled:
+        print(
+            f"relbias: compiling the fused attention kernel ({capability}, first use; "
+            "about 15 s, cached after)...",
+            file=sys.stderr,
+            flush=True,
         )
-    finally:
-        logger.setLevel(level)
+        directory.mkdir(parents=True, exist_ok=True)
+        _compile(name, directory, flags, ninja_dir)
+        partial = stamp_file.with_suffix(f".{os.getpid()}.tmp")
+        partial.write_text(stamp + "\n")
+        os.replace(partial, stamp_file)
+    torch.ops.load_library(str(library))
     _self_test()
-    _BUILD.update(capability=capability, flags=flags, seconds=time.perf_counter() - start)
+    seconds = time.perf_counter() - start
+    if compiled:
+        print(
+            f"relbias: fused attention kernel compiled in {seconds:.1f} s (cached in {directory})",
+            file=sys.stderr,
+            flush=True,
+        )
+    _BUILD.update(
+        capability=capability,
+        flags=flags,
+        seconds=seconds,
+        compiled=compiled,
+        library=str(library),
+    )
 
 
 def _self_test() -> None:
@@ -134,7 +258,7 @@ def available() -> bool:
             try:
                 _build()
                 _BUILD["ok"], _BUILD["error"] = True, None
-            except Exception as err:  # noqa: BLE001 - no compiler, no ninja, turned off
+            except Exception as err:  # no compiler, no ninja, an old ATen, turned off
                 _BUILD["ok"], _BUILD["error"] = False, f"{type(err).__name__}: {err}"[:500]
     return _BUILD["ok"]
 
@@ -145,40 +269,24 @@ def unavailable_reason() -> str | None:
 
 
 def build_info() -> dict:
-    """The build: ``ok``, ``error``, ``capability``, compiler ``flags`` and ``seconds``
-    (compiling, or loading the cached build)."""
+    """The build: ``ok``, ``error``, ``capability``, compiler ``flags``, ``seconds``
+    (compiling, or loading the cached build), ``compiled`` (whether this process compiled
+    it) and ``library`` (the path of the cached build)."""
     available()
     return dict(_BUILD)
 
 
 def _why_not(q, k, v, bias) -> str | None:
     """None when the kernel can compute this attention, else why not."""
-    if not isinstance(bias, PreparedBias) or bias.kind not in ("offset", "fire"):
+    if not isinstance(bias, PreparedBias) or bias.kernel_inputs(True) is None:
         return "it needs a bias of an offset-only family or FIRE"
     if any(t.device.type != "cpu" for t in (q, k, v)):
         return "it runs on the CPU only"
     if any(t.dtype != torch.float32 for t in (q, k, v)):
         return f"it runs in float32 only, got {q.dtype}"
-    if torch.is_grad_enabled() and (bias.requires_grad or any(t.requires_grad for t in (q, k, v))):
+    if needs_grad(q, k, v, bias):
         return "it has no backward: use backend='materialize' or torch.no_grad()"
     return None
-
-
-def _kernel_inputs(bias: PreparedBias, causal: bool) -> tuple:
-    """The bias's O(n) tensors as the kernel reads them, cached on the prepared bias."""
-    key = ("fused", causal)
-    cache = bias._backend_inputs
-    if key not in cache:
-        if bias.kind == "offset":
-            cache[key] = (bias._reversed_table(False, torch.float32),)
-        else:
-            psi, _ = bias._reversed(False, torch.float32)
-            w1, b1, w2, slope, intercept = bias.folded_mlp(causal)
-            cache[key] = tuple(
-                t.detach().float().contiguous()
-                for t in (psi, 1.0 / bias.denominator, w1, b1, w2, slope, intercept)
-            )
-    return cache[key]
 
 
 def fused_attention(q, k, v, bias: PreparedBias, *, causal: bool = True) -> torch.Tensor:
@@ -194,14 +302,27 @@ def fused_attention(q, k, v, bias: PreparedBias, *, causal: bool = True) -> torc
         raise RuntimeError(f"backend='fused' cannot compute this attention: {reason}")
     batch, heads, q_len, _ = q.shape
     bias.check_shape(heads, q_len, k.shape[2], bias.q_start, causal)
-    highest = bias.q_start + bias.q_len - 1  # the offset of the reversed table's entry 0
-    inputs = _kernel_inputs(bias, causal)
-    ops = torch.ops.relbias_fused
+    operator, arguments = bias.kernel_inputs(causal)
     with torch.no_grad():
-        if bias.kind == "offset":
-            return ops.offset_attention(
-                q, k, v, inputs[0], highest, bias.q_start, causal, Q_BLOCK, KV_BLOCK
-            )
-        return ops.fire_attention(
-            q, k, v, inputs[0], highest, *inputs[1:], bias.q_start, causal, Q_BLOCK, KV_BLOCK
+        return getattr(torch.ops.relbias_fused, operator)(
+            q, k, v, *arguments, bias.q_start, causal, Q_BLOCK, KV_BLOCK
         )
+
+
+def main() -> int:
+    """``python -m relbias.attention.fused``: build (or load) the kernel ahead of time."""
+    start = time.perf_counter()
+    if not available():
+        print(f"relbias fused kernel unavailable: {unavailable_reason()}", file=sys.stderr)
+        return 1
+    info = build_info()
+    how = "compiled" if info["compiled"] else "loaded from the cache"
+    print(
+        f"relbias fused kernel ({info['capability']}): {how}, self-test passed, "
+        f"in {time.perf_counter() - start:.1f} s; cached in {Path(info['library']).parent}"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,5 +1,5 @@
 import sys
 
-from relbias.bench.harness import main
+from relbias.bench.cli import main
 
 sys.exit(main())

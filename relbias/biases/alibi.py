@@ -45,14 +45,23 @@ class ALiBi(RelativeBias):
     :math:`\beta = m_h \sqrt{d}` for the same attention. Press et al. (2022).
     """
 
+    slopes: torch.Tensor
+
     def __init__(self, num_heads, *, bidirectional=False):
         super().__init__(num_heads, bidirectional=bidirectional)
         self._register_anchor()
+        # The float32 slopes [num_heads]: a buffer (not saved), so it moves with .to(device)
+        # instead of being uploaded at every forward; never rounded to a low-precision dtype.
+        self.register_buffer("slopes", alibi_slopes(self.num_heads), persistent=False)
 
-    @property
-    def slopes(self) -> torch.Tensor:
-        """The float32 slopes ``[num_heads]`` (never rounded to a low-precision dtype)."""
-        return alibi_slopes(self.num_heads).to(self.device)
+    def _apply(self, fn, *args, **kwargs):
+        # A cast of the module to float16/bfloat16 must not round the slopes (the anchor
+        # records that dtype): they stay float32, on the module's new device.
+        slopes = self.slopes
+        result = super()._apply(fn, *args, **kwargs)
+        if self.slopes.dtype in (torch.float16, torch.bfloat16):
+            self.slopes = slopes.to(device=self.slopes.device, dtype=torch.float32)
+        return result
 
     def _offset_values(self, offsets):
         dtype = compute_dtype(self._anchor)

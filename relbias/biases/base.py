@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from relbias._checks import check_int, check_lengths
+from relbias._checks import check_bool, check_int, check_lengths, no_autocast
 from relbias.biases.positions import relative_positions
 
 
@@ -19,7 +19,8 @@ class RelativeBias(nn.Module):
     Calling the module returns the additive bias as a float tensor
     ``[num_heads, q_len, k_len]``; the attention layer adds it to the scaled scores.
     Positions are always computed in integer arithmetic and the formula in at least
-    float32, whatever dtype the module was cast to.
+    float32, whatever dtype the module was cast to, and outside ``torch.autocast``.
+    :meth:`prepare` gives the O(n) form that the fast attention backends read.
     """
 
     offset_only = True
@@ -27,9 +28,7 @@ class RelativeBias(nn.Module):
     def __init__(self, num_heads, *, bidirectional: bool = False):
         super().__init__()
         self.num_heads = check_int("num_heads", num_heads, minimum=1)
-        if not isinstance(bidirectional, bool):
-            raise TypeError(f"bidirectional must be True or False, got {bidirectional!r}")
-        self.bidirectional = bidirectional
+        self.bidirectional = check_bool("bidirectional", bidirectional)
 
     # -- what subclasses implement -------------------------------------------------
     def _offset_values(self, offsets: torch.Tensor) -> torch.Tensor:
@@ -41,6 +40,14 @@ class RelativeBias(nn.Module):
         raise NotImplementedError
 
     # -- the shared interface --------------------------------------------------------
+    @property
+    def preparable(self) -> bool:
+        """Whether :meth:`prepare` has an O(n) form for this family (the fast backends need it).
+
+        True for every offset-only family (an offset table); FIRE overrides it.
+        """
+        return self.offset_only
+
     @property
     def device(self) -> torch.device:
         for t in self._tensors():
@@ -82,7 +89,32 @@ class RelativeBias(nn.Module):
         min_offset = check_int("min_offset", min_offset)
         max_offset = check_int("max_offset", max_offset, minimum=min_offset - 1)
         offsets = torch.arange(min_offset, max_offset + 1, device=self.device)
-        return self._offset_values(offsets)
+        with no_autocast(self.device):  # float32 whatever autocast the caller runs under
+            return self._offset_values(offsets)
+
+    def prepare(self, q_len, k_len=None, *, q_start=None):
+        """The O(n) ingredients of this bias for one attention shape: a prepared bias.
+
+        An offset-only family returns an :class:`~relbias.attention.prepared.OffsetTableBias`
+        (its table of the ``q_len + k_len - 1`` offsets the shape meets); FIRE returns a
+        :class:`~relbias.attention.prepared.FIREBias`. Pass the result as ``bias`` to
+        :func:`relbias.biased_attention` (in every layer that shares the bias): the module
+        runs once, and gradients still reach its parameters.
+        """
+        q_len, k_len, q_start = check_lengths(q_len, k_len, q_start)
+        return self._prepare(q_len, k_len, q_start)
+
+    def _prepare(self, q_len: int, k_len: int, q_start: int):
+        """:meth:`prepare` for lengths already checked (``biased_attention`` checks them once)."""
+        if not self.offset_only:
+            raise TypeError(
+                f"{type(self).__name__} depends on absolute positions and has no prepared form; "
+                "use backend='materialize'"
+            )
+        from relbias.attention.prepared import OffsetTableBias  # the layer above, at call time
+
+        table = self.offset_table(q_start - (k_len - 1), q_start + q_len - 1)
+        return OffsetTableBias._unchecked(table, q_len, k_len, q_start, self.bidirectional)
 
     def forward(self, q_len, k_len=None, *, q_start=None) -> torch.Tensor:
         """The bias ``[num_heads, q_len, k_len]`` for queries at ``q_start ..``."""
@@ -95,7 +127,8 @@ class RelativeBias(nn.Module):
             index = relative_positions(q_len, k_len, q_start=q_start, device=self.device) - lowest
             bias = table[:, index]
         else:
-            bias = self._position_values(q_len, k_len, q_start)
+            with no_autocast(self.device):  # FIRE's MLP in float32, not autocast's dtype
+                bias = self._position_values(q_len, k_len, q_start)
         return self._to_output_dtype(bias)
 
     def _to_output_dtype(self, bias: torch.Tensor) -> torch.Tensor:

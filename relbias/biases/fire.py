@@ -6,7 +6,13 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from relbias._checks import check_int, check_lengths, check_positive_float, compute_dtype
+from relbias._checks import (
+    check_int,
+    check_lengths,
+    check_positive_float,
+    compute_dtype,
+    no_autocast,
+)
 from relbias.biases.base import RelativeBias
 from relbias.biases.positions import relative_positions
 
@@ -70,10 +76,36 @@ class FIRE(RelativeBias):
         return self.psi(offsets.abs().to(dtype)) / (self.psi(threshold)[:, None] + self.eps)
 
     def mlp(self, x: torch.Tensor) -> torch.Tensor:
-        """:math:`f_\\theta`: ``[...]`` inputs to ``[..., num_heads]`` outputs, in x's dtype."""
+        """:math:`f_\\theta`: ``[...]`` inputs to ``[..., num_heads]`` outputs, in x's dtype.
+
+        Outside ``torch.autocast``: the MLP runs in x's dtype (float32) even under it.
+        """
         w1, b1 = self.hidden_layer.weight.to(x.dtype), self.hidden_layer.bias.to(x.dtype)
         w2, b2 = self.output_layer.weight.to(x.dtype), self.output_layer.bias.to(x.dtype)
-        return F.linear(torch.relu(F.linear(x[..., None], w1, b1)), w2, b2)
+        with no_autocast(x.device):
+            return F.linear(torch.relu(F.linear(x[..., None], w1, b1)), w2, b2)
+
+    @property
+    def preparable(self) -> bool:
+        """FIRE has a prepared form (:class:`~relbias.attention.prepared.FIREBias`)."""
+        return True
+
+    def _prepare(self, q_len, k_len, q_start):
+        """FIRE's O(n) ingredients: psi of every offset, the denominator of every query row
+        and the MLP's weights (all in float32, or float64 for a float64 module)."""
+        from relbias.attention.prepared import FIREBias  # the layer above, at call time
+
+        dtype = compute_dtype(self.c)
+        device = self.device
+        offsets = torch.arange(q_start - (k_len - 1), q_start + q_len, device=device)
+        psi_table = self.psi(offsets.abs().to(dtype))
+        i = torch.arange(q_start, q_start + q_len, device=device, dtype=dtype)
+        denominator = self.psi(torch.maximum(i, self.L.to(dtype))) + self.eps
+        w1 = self.hidden_layer.weight.to(dtype).reshape(-1)
+        b1 = self.hidden_layer.bias.to(dtype)
+        w2 = self.output_layer.weight.to(dtype)
+        b2 = self.output_layer.bias.to(dtype)
+        return FIREBias._unchecked(psi_table, denominator, w1, b1, w2, b2, q_len, k_len, q_start)
 
     def _position_values(self, q_len, k_len, q_start):
         x = self.normalized_input(q_len, k_len, q_start=q_start)

@@ -2,25 +2,26 @@
 
 from __future__ import annotations
 
-import weakref
+from collections.abc import Iterable
 
 import torch
 from torch import nn
-from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from relbias._checks import check_positive_float, compute_dtype
 from relbias.biases.base import RelativeBias
 
-_LIVE_KERPLE_MODULES: weakref.WeakSet[_Kerple] = weakref.WeakSet()
+__all__ = ["KerpleLog", "KerplePower", "project_after_steps"]
 
 
 class _Kerple(RelativeBias):
     """Shared machinery: learnable ``r1``, ``r2`` per head, projected onto their constraints.
 
     The constraints are enforced the way the reference code does, by clamping the
-    stored parameters in place: before every forward, and after every
-    ``torch.optim`` step of an optimiser that holds them (a global post-step hook).
-    The formula is even in ``i - j``, so it serves causal and bidirectional attention.
+    stored parameters in place (:meth:`project_`) whenever the module uses them, so
+    every bias it computes obeys them. Training code that wants them to hold right
+    after each step of its own optimiser too attaches :func:`project_after_steps` to
+    it; nothing is registered for other optimisers. The formula is even in ``i - j``,
+    so it serves causal and bidirectional attention.
     """
 
     r2_max: float | None = None
@@ -35,13 +36,6 @@ class _Kerple(RelativeBias):
         self.r1 = nn.Parameter(self._init_r1())
         self.r2 = nn.Parameter(self._init_r2())
         self.project_()
-        _LIVE_KERPLE_MODULES.add(self)
-
-    def __setstate__(self, state) -> None:
-        # copy.deepcopy and unpickling (torch.load of a whole module) rebuild the module
-        # without __init__: register the copy too, or its optimiser steps go unprojected.
-        super().__setstate__(state)
-        _LIVE_KERPLE_MODULES.add(self)
 
     @torch.no_grad()
     def project_(self) -> None:
@@ -114,11 +108,35 @@ class KerpleLog(_Kerple):
         return -r1 * torch.log1p(r2 * distance)
 
 
-def _project_after_step(optimizer, args, kwargs) -> None:
-    held = {id(p) for group in optimizer.param_groups for p in group["params"]}
-    for module in list(_LIVE_KERPLE_MODULES):
-        if id(module.r1) in held or id(module.r2) in held:
-            module.project_()
+def project_after_steps(optimizer: torch.optim.Optimizer, modules):
+    """Clamp the Kerple biases among ``modules`` onto their constraints after every step
+    of ``optimizer`` (and of no other optimiser).
 
+    ``modules`` is a module (searched recursively, e.g. a whole model) or an iterable of
+    modules. After each ``optimizer.step()`` every Kerple bias found whose ``r1`` or
+    ``r2`` the optimiser holds is projected (:meth:`KerplePower.project_`). Returns the
+    hook's handle: ``handle.remove()`` detaches it. The modules project themselves
+    whenever they compute a bias anyway; this keeps the stored parameters valid between
+    steps too (for a checkpoint, or code that reads them).
+    """
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise TypeError(
+            f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}"
+        )
+    if isinstance(modules, nn.Module):
+        modules = [modules]
+    if not isinstance(modules, Iterable):
+        raise TypeError(f"modules must be a module or an iterable of modules, got {modules!r}")
+    kerples = []
+    for module in modules:
+        if not isinstance(module, nn.Module):
+            raise TypeError(f"modules must hold torch.nn.Module objects, got {module!r}")
+        kerples.extend(m for m in module.modules() if isinstance(m, _Kerple))
 
-register_optimizer_step_post_hook(_project_after_step)
+    def project(opt, args, kwargs) -> None:
+        held = {id(p) for group in opt.param_groups for p in group["params"]}
+        for module in kerples:
+            if id(module.r1) in held or id(module.r2) in held:
+                module.project_()
+
+    return optimizer.register_step_post_hook(project)

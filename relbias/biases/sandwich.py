@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from relbias._checks import check_int, compute_dtype
+from relbias._checks import check_int, compute_dtype, float64_device
 from relbias.biases.base import RelativeBias
 
 
@@ -21,7 +21,8 @@ class Sandwich(RelativeBias):
     entry a penalty; dividing head :math:`h` of :math:`H` by :math:`8h/H` gives each
     head its own scale, as the per-head slopes of ALiBi do (the scaling of Chi et al.'s
     implementation). The formula is even in ``i - j``, so it serves causal and
-    bidirectional attention alike. Computed in float64, then rounded.
+    bidirectional attention alike. Computed in float64 (on the CPU for a module on MPS,
+    which has no float64), then rounded.
     """
 
     def __init__(self, num_heads, *, dim=128):
@@ -32,17 +33,22 @@ class Sandwich(RelativeBias):
         self._register_anchor()
 
     def head_scales(self) -> torch.Tensor:
-        """The divisors :math:`r_h = 8h/H`, float64 ``[num_heads]``."""
-        heads = torch.arange(1, self.num_heads + 1, dtype=torch.float64, device=self.device)
+        """The divisors :math:`r_h = 8h/H`, float64 ``[num_heads]``.
+
+        On the module's device, or on the CPU for a module on MPS (no float64 there).
+        """
+        device = float64_device(self.device)
+        heads = torch.arange(1, self.num_heads + 1, dtype=torch.float64, device=device)
         return 8.0 * heads / self.num_heads
 
     def _offset_values(self, offsets):
-        k = torch.arange(1, self.dim // 2 + 1, dtype=torch.float64, device=offsets.device)
+        device = float64_device(offsets.device)  # MPS has no float64: the CPU computes
+        k = torch.arange(1, self.dim // 2 + 1, dtype=torch.float64, device=device)
         frequencies = 10000.0 ** (-2.0 * k / self.dim)
-        angles = offsets.to(torch.float64)[:, None] * frequencies[None, :]
+        angles = offsets.to(device=device, dtype=torch.float64)[:, None] * frequencies[None, :]
         inner = torch.cos(angles).sum(dim=1) - self.dim / 2
-        table = inner[None, :] / self.head_scales()[:, None]
-        return table.to(compute_dtype(self._anchor))
+        table = inner[None, :] / self.head_scales().to(device)[:, None]
+        return table.to(dtype=compute_dtype(self._anchor)).to(offsets.device)
 
     def extra_repr(self) -> str:
         return f"num_heads={self.num_heads}, dim={self.dim}"

@@ -7,15 +7,14 @@ import math
 import torch
 from torch import nn
 
-from relbias._checks import check_int, compute_dtype
+from relbias._checks import check_bool, check_int, compute_dtype
 from relbias.biases.base import RelativeBias
 
 
 def _check_bucket_settings(num_buckets, max_distance, bidirectional) -> tuple[int, int, int]:
     num_buckets = check_int("num_buckets", num_buckets, minimum=1)
     max_distance = check_int("max_distance", max_distance, minimum=1)
-    if not isinstance(bidirectional, bool):
-        raise TypeError(f"bidirectional must be True or False, got {bidirectional!r}")
+    check_bool("bidirectional", bidirectional)
     per_side = num_buckets // 2 if bidirectional else num_buckets
     exact = per_side // 2
     if exact < 1:

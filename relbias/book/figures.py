@@ -2,8 +2,10 @@
 
 Every function here only *reads* the library (slopes, bias modules, result dicts) and
 draws or tabulates it, so that the notebook cells stay short. Figures are built with
-:func:`relbias.book.notebook.figure` (no pyplot, nothing displayed twice) and returned;
-tables are returned as ``(rows, headers)`` for :func:`relbias.book.notebook.show_table`.
+:func:`relbias.book.plots.figure` (no pyplot, nothing displayed twice) and returned;
+tables are returned as ``(rows, headers)`` for :func:`relbias.book.display.show_table`.
+A bias against the offset is drawn by :func:`relbias.book.plots.plot_bias_by_offset`
+and read by :func:`relbias.lab.training.learned_bias`, for every chapter.
 """
 
 from __future__ import annotations
@@ -13,10 +15,10 @@ import math
 import numpy as np
 import torch
 
-from relbias.biases.alibi import alibi_slopes
-from relbias.biases.base import RelativeBias
-from relbias.biases.fire import FIRE
-from relbias.book.notebook import figure
+from relbias import FIRE, RelativeBias, alibi_slopes, make_bias
+from relbias.book.plots import figure
+from relbias.lab.model import BIAS_POSITIONS, default_bias_kwargs
+from relbias.lab.training import build_model, learned_bias
 
 # --- ALiBi --------------------------------------------------------------------------------
 
@@ -156,78 +158,6 @@ def word_pair_table(words: list[str], slope: float):
     return rows, ["offset i - j", "pairs", "first pair", "PE(i, j)"]
 
 
-def offset_profile(bias: RelativeBias, max_offset: int, *, query_position=None) -> torch.Tensor:
-    """PE at offsets ``0..max_offset`` per head, ``[heads, max_offset + 1]`` float32.
-
-    For FIRE (which also depends on the query position) the row of the query at
-    ``query_position`` (default ``max_offset``) is read.
-    """
-    with torch.no_grad():
-        if bias.offset_only:
-            return bias.offset_table(0, max_offset).float().cpu()
-        i = max_offset if query_position is None else query_position
-        row = bias(1, i + 1, q_start=i)[:, 0, :].float().cpu()
-    return row.flip(-1)[:, : max_offset + 1]
-
-
-def plot_offset_profiles(
-    biases: dict,
-    max_offset: int,
-    *,
-    reference: dict | None = None,
-    train_len: int | None = None,
-    query_position=None,
-    ncols: int = 4,
-    ylim=None,
-    width: float = 3.5,
-    height: float = 3.0,
-):
-    """One panel per entry of ``biases``: PE against the offset i - j, a line per head.
-
-    ``biases`` maps a title to a :class:`RelativeBias` or a tensor ``[heads, offsets]``.
-    ``reference`` (label to bias or tensor) is drawn in every panel as thin grey dashed
-    lines, e.g. ALiBi's fixed slopes next to what a learnable family learned.
-    ``train_len`` marks the last offset seen in training (dotted).
-    """
-
-    def table(item):
-        if isinstance(item, torch.Tensor):
-            return item.detach().float().cpu()
-        return offset_profile(item, max_offset, query_position=query_position)
-
-    n = len(biases)
-    cols = min(n, ncols)
-    rows = math.ceil(n / cols)
-    fig, axes = figure(width * cols, height * rows, nrows=rows, ncols=cols)
-    axes = np.array([[axes]]) if n == 1 else np.asarray(axes).reshape(rows, cols)
-    offsets = np.arange(max_offset + 1)
-    for ax, (name, item) in zip(axes.flat, biases.items()):
-        for ref_name, ref in (reference or {}).items():
-            for h, line in enumerate(table(ref)):
-                ax.plot(
-                    offsets,
-                    line.numpy(),
-                    color="grey",
-                    lw=0.8,
-                    ls="--",
-                    label=ref_name if h == 0 else None,
-                )
-        for h, line in enumerate(table(item)):
-            ax.plot(offsets, line.numpy(), lw=1.3, label=f"head {h}")
-        if train_len is not None:
-            ax.axvline(train_len - 1, color="black", lw=0.6, ls=":")
-        if ylim is not None:
-            ax.set_ylim(*ylim)
-        ax.set_title(name, fontsize=9)
-        ax.set_xlabel("offset i - j")
-    for ax in list(axes.flat)[n:]:
-        ax.axis("off")
-    for row in axes:
-        row[0].set_ylabel("PE(i, j)")
-    axes.flat[0].legend(fontsize=6)
-    return fig
-
-
 def penalty_reach(bias: RelativeBias, threshold: float = 5.0, *, max_offset: int = 100_000):
     """Per head: the first offset whose bias is at or below ``-threshold``, or None.
 
@@ -235,8 +165,7 @@ def penalty_reach(bias: RelativeBias, threshold: float = 5.0, *, max_offset: int
     key at offset 0 with the same content score: a rough measure of how far a head sees.
     Only for offset-only families.
     """
-    with torch.no_grad():
-        table = bias.offset_table(0, max_offset).double().cpu()
+    table = learned_bias(bias, max_offset)
     reach = []
     for row in table:
         hits = (row <= -threshold).nonzero()
@@ -341,7 +270,7 @@ def plot_fire_inputs(fire: FIRE, short_len: int, long_len: int, *, rows=None):
 def extrapolation_rows(results: dict, *, methods=None):
     """Per method: parameters, bits per byte at each length, and longest / training ratio.
 
-    Returns ``(rows, headers)`` for :func:`relbias.book.notebook.show_table`.
+    Returns ``(rows, headers)`` for :func:`relbias.book.display.show_table`.
     """
     names = list(results["methods"]) if methods is None else list(methods)
     first = results["methods"][names[0]]["eval"]
@@ -385,7 +314,6 @@ def positional_parameters(name: str, config) -> int:
     no positional information (``nope``): the bias module (shared by the layers, as
     TinyLM does by default), the learned absolute table, or the sinusoid's scale.
     """
-    from relbias.lab.training import build_model
 
     def count(position: str) -> int:
         return sum(p.numel() for p in build_model(position, config).parameters() if p.requires_grad)
@@ -400,9 +328,6 @@ def bias_values_computed(name: str, config, length: int) -> str:
     offsets of the square (then gather); FIRE runs its MLP at all ``length^2`` (query, key)
     pairs, each costing ``hidden + hidden * heads`` multiply-adds.
     """
-    from relbias.biases.registry import make_bias
-    from relbias.lab.model import BIAS_POSITIONS, default_bias_kwargs
-
     if name not in BIAS_POSITIONS:
         return {
             "rope": "rotates q, k: O(n d)",

@@ -7,8 +7,13 @@
 ``python -m relbias.lab.experiments retrieval [...]``
     trains each method on the key-value recall probe and reports accuracy against the
     distance back to the answer, at 1x and 4x the training length.
+``python -m relbias.lab.experiments interpolation [--seeds ...] [--out DIR]``
+    trains RoPE at the training length and reads 1x..16x with no scaling, with each
+    position interpolation zero-shot, and after a short fine-tuning at 4x
+    (:mod:`relbias.lab.interpolation`); writes ``interpolation_<config>.json`` and ``.png``.
 
-Run ``python -m relbias.lab.experiments {extrapolation,retrieval} --help`` for every option.
+Run ``python -m relbias.lab.experiments {extrapolation,retrieval,interpolation} --help`` for
+every option.
 Methods are the names in :data:`relbias.lab.model.POSITION_NAMES`, or ``all``, ``biases``,
 ``baselines``.
 """
@@ -234,13 +239,7 @@ def _write(results: dict, out) -> None:
     name = f"{results['kind']}_{results['provenance']['config']['name']}"
     out = Path(out)
     save_results(results, out / f"{name}.json")
-    import matplotlib
-
-    matplotlib.use("Agg", force=False)
-    import matplotlib.pyplot as plt
-
-    fig = plot_results(results, out / f"{name}.png")
-    plt.close(fig)
+    plot_results(results, out / f"{name}.png")
 
 
 # --- tables ----------------------------------------------------------------------------------
@@ -353,7 +352,65 @@ def build_parser() -> argparse.ArgumentParser:
                 type=_non_negative_int,
                 help="lone digits scattered in each sequence (override)",
             )
+    _add_interpolation_parser(sub)
     return parser
+
+
+def _add_interpolation_parser(sub) -> None:
+    from relbias.lab import interpolation as ip
+
+    helptext = "RoPE read at 1x..16x: no scaling, each interpolation zero-shot and fine-tuned"
+    p = sub.add_parser("interpolation", help=helptext, description=helptext)
+    p.add_argument("--config", choices=("quick", "full"), default=None, help="named configuration")
+    p.add_argument("--out", default="results", help="output folder (default: results)")
+    p.add_argument("--seeds", type=_non_negative_int, nargs="+", default=list(ip.DEFAULT_SEEDS))
+    p.add_argument("--steps", type=_positive_int, help="pre-training steps (override)")
+    p.add_argument("--train-len", type=_positive_int, help="training length m_l (override)")
+    p.add_argument(
+        "--finetune-factor",
+        type=_positive_int,
+        default=ip.DEFAULT_FINETUNE_FACTOR,
+        help="fine-tune at this multiple of the training length (default 4)",
+    )
+    p.add_argument(
+        "--finetune-steps",
+        type=_positive_int,
+        nargs="+",
+        default=list(ip.DEFAULT_FINETUNE_STEPS),
+        help="fine-tuning runs of these many steps (default 25 50 100)",
+    )
+    p.add_argument("--device", help="cuda, mps or cpu (default: the best available)")
+    p.add_argument("--no-progress", action="store_true", help="hide progress bars")
+
+
+def _main_interpolation(parser, args) -> int:
+    from relbias.lab import interpolation as ip
+
+    overrides = {"steps": args.steps, "train_len": args.train_len}
+    try:
+        config = get_config(args.config, **{k: v for k, v in overrides.items() if v is not None})
+    except (TypeError, ValueError) as err:
+        parser.error(str(err))
+    if args.finetune_factor not in config.eval_factors:
+        parser.error(f"--finetune-factor must be one of {config.eval_factors}")
+    out = _check_out(parser, args.out)
+    device = pick_device(args.device, verbose=False)
+    print(f"relbias: interpolation, config {config.name}, seeds {args.seeds}", flush=True)
+    results = ip.run_interpolation(
+        config,
+        args.seeds,
+        finetune_factor=args.finetune_factor,
+        finetune_steps=tuple(args.finetune_steps),
+        device=device,
+        progress=not args.no_progress,
+    )
+    name = f"interpolation_{config.name}"
+    save_results(results, out / f"{name}.json")
+    fig = ip.plot_interpolation(results)
+    fig.savefig(out / f"{name}.png", dpi=110)
+    print(ip.interpolation_table(results))
+    print(f"wall time {results['provenance']['wall_s']:.1f} s; wrote {out / name}.json and .png")
+    return 0
 
 
 def _check_out(parser, out: str) -> Path:
@@ -410,6 +467,8 @@ def _check_distances(parser, args, config: Config) -> None:
 def main(argv=None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.experiment == "interpolation":
+        return _main_interpolation(parser, args)
     try:
         methods = resolve_methods(args.methods)
     except ValueError as err:

@@ -12,7 +12,8 @@ scores in every layer) or one of the baselines readers compare against:
 ``learned``
     a learned absolute embedding with one vector per position ``0 .. train_len - 1``;
 ``rope``
-    rotary position embedding (Su et al., 2021) applied to queries and keys.
+    rotary position embedding (Su et al., 2021) applied to queries and keys
+    (:class:`relbias.RotaryEmbedding`; ``rope_scaling`` interpolates positions).
 
 Scales: token embeddings, the learned absolute table and all linear weights start with
 std 0.02 (GPT-2's initialisation); input and output embeddings are tied. The sinusoid
@@ -34,9 +35,9 @@ training it materialises the bias from that table (gradients reach the parameter
 and in evaluation on a CPU (no gradients) it adds the bias inside relbias's fused
 kernel (:mod:`relbias.attention.fused`; the strided-table path where that kernel cannot be
 built), with no ``len x len`` tensor per head, so 16x-length evaluations stay cheap.
-``attention_backend`` (an attribute, changeable after training) overrides the choice.
-On CUDA, ``"auto"`` materialises: FlexAttention training on a GPU is not yet verified
-by this project (no GPU was available to it); set ``"flex"`` to try it.
+``attention_backend`` (an attribute, changeable after training) overrides the choice;
+``"auto"`` (the default) leaves it to :func:`relbias.biased_attention`'s one policy, on
+every device (on CUDA: materialised when training, the O(n) table path in evaluation).
 """
 
 from __future__ import annotations
@@ -49,9 +50,10 @@ from torch.nn import functional as F
 
 from relbias._checks import check_positive_ints
 from relbias.attention.api import BACKENDS, biased_attention
-from relbias.attention.flex import prepare_bias
+from relbias.attention.prepared import prepare_bias
 from relbias.biases.registry import BIAS_NAMES as _BIAS_NAMES
 from relbias.biases.registry import make_bias
+from relbias.rotary import RopeScaling, RotaryEmbedding
 
 BIAS_POSITIONS = tuple(_BIAS_NAMES)
 BASELINE_POSITIONS = ("nope", "sinusoidal", "learned", "rope")
@@ -124,29 +126,23 @@ def sinusoidal_positions(seq_len: int, dim: int, *, device=None) -> torch.Tensor
     return table
 
 
-class Rotary(nn.Module):
-    """Rotary position embedding on the last dimension of ``[batch, heads, len, head_dim]``.
+class Rotary(RotaryEmbedding):
+    """TinyLM's rotary embedding: :class:`relbias.RotaryEmbedding` (Su et al., 2021).
 
-    ``scale > 1`` divides the positions by ``scale`` (linear position interpolation,
-    Chen et al., 2023): a model trained on ``n`` tokens reads ``scale * n`` tokens in
-    its trained range of angles. Training uses ``scale = 1``.
+    Kept for the older call ``Rotary(head_dim, base, scale)``: ``scale > 1`` is linear
+    position interpolation (Chen et al., 2023), positions divided by ``scale``. New code
+    passes ``scaling`` (a :class:`relbias.RopeScaling`, e.g. NTK or YaRN) instead.
     """
 
-    def __init__(self, head_dim: int, base: float = 10000.0, scale: float = 1.0):
-        super().__init__()
-        if head_dim % 2:
-            raise ValueError(f"rope needs an even head dimension, got {head_dim}")
-        inv = base ** (-torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
-        self.register_buffer("inv_freq", inv, persistent=False)
-        self.scale = float(scale)
+    def __init__(self, head_dim: int, base: float = 10000.0, scale: float = 1.0, scaling=None):
+        super().__init__(head_dim, base, _rope_scaling(scale, scaling))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        pos = torch.arange(x.shape[-2], device=x.device, dtype=torch.float32) / self.scale
-        angles = pos[:, None] * self.inv_freq[None, :]
-        cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
-        x1, x2 = x[..., 0::2], x[..., 1::2]
-        out = torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
-        return out.flatten(-2)
+
+def _rope_scaling(scale, scaling):
+    """``scaling``, or linear interpolation by ``scale`` (the older keyword)."""
+    if scale != 1.0 and scaling is not None:
+        raise ValueError("pass rope_scale or rope_scaling, not both")
+    return RopeScaling("linear", scale) if scale != 1.0 else scaling
 
 
 class Attention(nn.Module):
@@ -163,9 +159,7 @@ class Attention(nn.Module):
         b, t, c = x.shape
         q, k, v = self.qkv(x).view(b, t, 3, self.heads, c // self.heads).permute(2, 0, 3, 1, 4)
         if self.rotary is not None:
-            q, k = self.rotary(q), self.rotary(k)
-        if isinstance(bias, torch.Tensor):
-            bias = bias.to(q.dtype)
+            q, k = self.rotary(q, k)
         out = biased_attention(q, k, v, bias=bias, causal=True, backend=backend)
         return self.proj(out.transpose(1, 2).reshape(b, t, c))
 
@@ -211,9 +205,14 @@ class TinyLM(nn.Module):
         ``position="learned"`` only. ``"error"`` (default): a sequence longer than
         ``train_len`` raises ``ValueError``; ``"clip"``: positions ``>= train_len``
         reuse the last trained embedding. Can be changed after training.
-    rope_base, rope_scale:
-        ``position="rope"`` only: the rotation base and the position-interpolation
-        factor (``rope_scale`` can be changed after training).
+    rope_base, rope_scaling:
+        ``position="rope"`` only: the rotation base ``b`` and how the angles are scaled
+        for longer inputs: None (plain RoPE), or a :class:`relbias.RopeScaling` (or a dict
+        of its fields): linear interpolation, NTK, dynamic NTK or YaRN
+        (:mod:`relbias.rotary`). ``rope_scaling`` is an attribute: set it after training.
+    rope_scale:
+        the older spelling of linear interpolation: ``rope_scale=s`` is
+        ``rope_scaling=RopeScaling("linear", s)``.
     attention_backend:
         ``backend`` of :func:`relbias.biased_attention` for every layer: ``"auto"``
         (default; see the module docstring), ``"materialize"``, ``"table"``,
@@ -237,6 +236,7 @@ class TinyLM(nn.Module):
         learned_fallback: str = "error",
         rope_base: float = 10000.0,
         rope_scale: float = 1.0,
+        rope_scaling=None,
         mlp_ratio: int = 4,
         attention_backend: str = "auto",
     ):
@@ -260,7 +260,8 @@ class TinyLM(nn.Module):
             LearnedPositions(train_len, dim, learned_fallback) if position == "learned" else None
         )
         _check_fallback(learned_fallback)
-        rotary = Rotary(dim // heads, rope_base, rope_scale) if position == "rope" else None
+        scaling = _rope_scaling(rope_scale, rope_scaling)
+        rotary = Rotary(dim // heads, rope_base, scaling=scaling) if position == "rope" else None
         self.rotary = rotary
         self.bias = self._new_bias() if self.uses_bias and share_bias else None
         per_layer = self.uses_bias and not share_bias
@@ -289,10 +290,16 @@ class TinyLM(nn.Module):
             raise ValueError(f"attention_backend must be one of {list(BACKENDS)}, got {value!r}")
         self._attention_backend = value
 
-    def _backend_for(self, device: torch.device) -> str:
-        if self._attention_backend == "auto" and device.type == "cuda":
-            return "materialize"
-        return self._attention_backend
+    @property
+    def rope_scaling(self) -> RopeScaling | None:
+        """The rotary embedding's scaling (None: plain RoPE, or no rotary embedding)."""
+        return self.rotary.scaling if self.rotary is not None else None
+
+    @rope_scaling.setter
+    def rope_scaling(self, value) -> None:
+        if self.rotary is None:
+            raise ValueError(f"rope_scaling needs position='rope', not {self.position!r}")
+        self.rotary.scaling = value
 
     @property
     def uses_bias(self) -> bool:
@@ -335,7 +342,7 @@ class TinyLM(nn.Module):
         elif self.abs_pos is not None:
             x = x + self.abs_pos(t)
         shared = prepare_bias(self.bias, t) if self.bias is not None else None
-        backend = self._backend_for(x.device)
+        backend = self._attention_backend
         for block in self.blocks:
             x = block(x, shared, backend)
         return self.head(self.norm(x))

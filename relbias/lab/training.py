@@ -5,12 +5,22 @@ provenance, plots, and read-back of what a bias family learned.
 Two named configurations (:func:`get_config`):
 
 ``quick``
-    the default on a CPU and whenever the ``CI`` environment variable is set; sized
-    so that training and evaluating one method takes about 25 s on a 2-core CPU and
-    the whole 11-method extrapolation sweep stays under 10 minutes.
+    the default on every runtime (CPU, a Colab T4, a large GPU): sized so that training
+    and evaluating one method takes about 25 s on a 2-core CPU and the whole 11-method
+    extrapolation sweep stays under 10 minutes, so a chapter's live demo runs in a few
+    minutes wherever it is opened, and its numbers can be compared with the stored sweep.
 ``full``
-    the default when CUDA is available: a wider, deeper model trained longer on
-    longer sequences.
+    on request (``get_config("full")``, ``--config full``, or the environment variable
+    ``RELBIAS_CONFIG=full``): a wider, deeper model trained longer on longer sequences,
+    meant for a GPU.
+
+On CUDA, training and evaluation run under autocast: bfloat16 on GPUs of compute
+capability 8.0 and later, float16 with a gradient scaler before that (a T4 is 7.5: its
+tensor cores have no bfloat16, and bfloat16 there runs attention's slow math kernel).
+The positional biases are computed and added in float32 outside autocast
+(:func:`relbias.biased_attention`). GPU runs are not bit-reproducible:
+:func:`seed_everything` asks for deterministic algorithms with ``warn_only=True``, and
+some CUDA kernels have no deterministic version.
 """
 
 from __future__ import annotations
@@ -30,10 +40,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from relbias.biases.kerple import project_after_steps
 from relbias.lab.data import eval_windows, make_recall_batch, random_windows
 from relbias.lab.model import TinyLM, lm_loss
 
 LN2 = math.log(2.0)
+SYNC_EVERY = 10  # training steps between reads of the loss from the device
 RESULTS_DIR = Path(__file__).with_name("results")
 
 
@@ -121,11 +133,16 @@ CONFIGS = {
 def get_config(name: str | None = None, **overrides) -> Config:
     """The named configuration, with optional field overrides.
 
-    With ``name=None``: ``quick`` when the ``CI`` environment variable is set (to
-    anything but empty) or no CUDA device is present, else ``full``.
+    With ``name=None``: the environment variable ``RELBIAS_CONFIG`` if it is set (and
+    ``CI`` is not: CI always runs ``quick``), else ``quick``, on every device.
     """
     if name is None:
-        name = "quick" if os.environ.get("CI") or not torch.cuda.is_available() else "full"
+        name = "quick" if os.environ.get("CI") else os.environ.get("RELBIAS_CONFIG") or "quick"
+        if name not in CONFIGS:
+            raise ValueError(
+                f"the environment variable RELBIAS_CONFIG must be one of {sorted(CONFIGS)}, "
+                f"got {name!r}"
+            )
     if name not in CONFIGS:
         raise ValueError(f"config name must be one of {sorted(CONFIGS)}, got {name!r}")
     return CONFIGS[name].replace(**overrides) if overrides else CONFIGS[name]
@@ -135,13 +152,15 @@ def get_config(name: str | None = None, **overrides) -> Config:
 
 
 def pick_device(preferred: str | None = None, *, verbose: bool = True) -> torch.device:
-    """CUDA if available, then Apple MPS, then CPU (or ``preferred``); printed when verbose."""
+    """CUDA if available, else the CPU (or ``preferred``); printed when verbose.
+
+    Apple's MPS is taken only when asked for (``preferred="mps"``): it has no float64 and
+    this project has never run on it.
+    """
     if preferred is not None:
         device = torch.device(preferred)
     elif torch.cuda.is_available():
         device = torch.device("cuda")
-    elif getattr(torch.backends, "mps", None) and torch.backends.mps.is_available():
-        device = torch.device("mps")
     else:
         device = torch.device("cpu")
     if verbose:
@@ -168,9 +187,20 @@ def seed_everything(seed: int) -> None:
     torch.use_deterministic_algorithms(True, warn_only=True)
 
 
+def autocast_dtype(device) -> torch.dtype | None:
+    """The autocast dtype used on ``device``: bfloat16 on CUDA devices of compute
+    capability >= 8.0, float16 below (T4, V100), None (no autocast) elsewhere."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return None
+    major, _ = torch.cuda.get_device_capability(device)
+    return torch.bfloat16 if major >= 8 else torch.float16
+
+
 def _autocast(device: torch.device):
-    """bfloat16 autocast on CUDA, nothing elsewhere."""
-    return torch.autocast("cuda", dtype=torch.bfloat16, enabled=device.type == "cuda")
+    """Autocast in :func:`autocast_dtype` on CUDA, nothing elsewhere."""
+    dtype = autocast_dtype(device)
+    return torch.autocast("cuda", dtype=dtype or torch.bfloat16, enabled=dtype is not None)
 
 
 def _progress_bar(total: int, desc: str | None, enabled: bool):
@@ -234,24 +264,43 @@ def train_lm(
     gen = torch.Generator().manual_seed(config.seed if seed is None else seed)
     batch = data if callable(data) else _text_batches(data, config)
     opt = _optimizer(model, config)
-    losses, tokens, start = [], 0, time.perf_counter()
+    # Kerple's constraints (r1 > 0, 0 < r2 <= 2) are restored after every step of this
+    # optimiser (the module also clamps them when it computes a bias).
+    projection = project_after_steps(opt, model)
+    scaler = torch.amp.GradScaler("cuda", enabled=autocast_dtype(device) == torch.float16)
+    on_cuda = device.type == "cuda"
+    # Losses stay on the device and are read every SYNC_EVERY steps: a .item() per step
+    # would wait for the GPU at every step.
+    losses, pending, tokens, start = [], [], 0, time.perf_counter()
     with _progress_bar(steps, desc, progress) as bar:
         for step in range(steps):
             for group in opt.param_groups:
                 group["lr"] = _lr_at(step, config, steps)
-            x, y = (t.to(device) for t in batch(gen))
+            x, y = batch(gen)
+            if on_cuda:
+                x, y = (
+                    x.pin_memory().to(device, non_blocking=True),
+                    y.pin_memory().to(device, non_blocking=True),
+                )
+            else:
+                x, y = x.to(device), y.to(device)
             with _autocast(device):
                 loss = lm_loss(model(x), y)
             opt.zero_grad(set_to_none=True)
-            loss.backward()
+            scaler.scale(loss).backward()
+            scaler.unscale_(opt)
             torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
-            opt.step()
-            losses.append(loss.item() / LN2)
+            scaler.step(opt)
+            scaler.update()
+            pending.append(loss.detach())
             tokens += x.numel()
-            bar.update(1)
-            if step % 10 == 0 or step == steps - 1:
+            if len(pending) == SYNC_EVERY or step == steps - 1:
+                losses += (torch.stack(pending).float().cpu() / LN2).tolist()
+                pending = []
+                bar.update(step + 1 - bar.n)
                 bar.set_postfix(bits=f"{losses[-1]:.3f}", refresh=False)
     wall = time.perf_counter() - start
+    projection.remove()
     model.eval()
     tail = losses[-max(1, min(20, steps)) :]
     return {
@@ -349,7 +398,7 @@ def _loss_by_position(model, x, y, batch_size, device) -> torch.Tensor:
         )
         if not torch.isfinite(loss).all():
             raise FloatingPointError("evaluation produced a non-finite loss")
-        total += loss.sum(0).double().cpu()
+        total += loss.sum(0).cpu().double()
     return total / x.shape[0] / LN2
 
 
@@ -498,18 +547,25 @@ def load_results(path_or_name) -> dict:
 
 @torch.no_grad()
 def learned_bias(
-    model_or_bias, max_offset: int, *, query_position: int | None = None, layer: int = 0
+    model_or_bias,
+    max_offset: int,
+    *,
+    min_offset: int = 0,
+    query_position: int | None = None,
+    layer: int = 0,
 ) -> torch.Tensor:
-    """PE at offsets ``0 .. max_offset`` for each head, as a float32 CPU tensor
-    ``[num_heads, max_offset + 1]``.
+    """PE at offsets ``min_offset .. max_offset`` for each head, as a float32 CPU tensor
+    ``[num_heads, max_offset - min_offset + 1]``: the one read-back of a bias by offset.
 
-    ``model_or_bias`` is a :class:`~relbias.RelativeBias` or a :class:`TinyLM` with a
-    bias (its shared module, or layer ``layer``'s when biases are per layer). Offset-only
-    families give their offset table. FIRE depends on the query position too: it is
-    read at query position ``query_position`` (default ``max_offset``, which must be
-    ``>= max_offset``) against keys ``query_position - offset``.
+    ``model_or_bias`` is any :class:`~relbias.RelativeBias` (learned or fixed) or a
+    :class:`TinyLM` with a bias (its shared module, or layer ``layer``'s when biases are
+    per layer). Offset-only families give their offset table
+    (:meth:`~relbias.RelativeBias.offset_table`). FIRE depends on the query position
+    too: it is read at query position ``query_position`` (default ``max_offset``, which
+    must be ``>= max_offset``) against keys ``query_position - offset``, so its offsets
+    are those of keys at or before the query (``0 <= min_offset``).
     """
-    from relbias.biases.base import RelativeBias
+    from relbias import RelativeBias
 
     bias = model_or_bias
     if isinstance(model_or_bias, TinyLM):
@@ -521,15 +577,29 @@ def learned_bias(
         bias = modules[layer]
     if not isinstance(bias, RelativeBias):
         raise TypeError(f"expected a TinyLM or RelativeBias, got {type(bias).__name__}")
-    if isinstance(max_offset, bool) or not isinstance(max_offset, int) or max_offset < 0:
-        raise ValueError(f"max_offset must be an integer >= 0, got {max_offset!r}")
+    for name, value in (("min_offset", min_offset), ("max_offset", max_offset)):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ValueError(f"{name} must be an integer, got {value!r}")
+    if not min_offset <= max_offset:
+        raise ValueError(f"need min_offset <= max_offset, got {min_offset} and {max_offset}")
     if bias.offset_only:
-        return bias.offset_table(0, max_offset).float().cpu()
+        return bias.offset_table(min_offset, max_offset).float().cpu()
+    if min_offset < 0:
+        raise ValueError(f"{type(bias).__name__} reads offsets >= 0 only, got {min_offset}")
     i = max_offset if query_position is None else query_position
     if i < max_offset:
         raise ValueError(f"query_position ({i}) must be >= max_offset ({max_offset})")
     row = bias(1, i + 1, q_start=i)[:, 0, :]  # keys j = 0..i, offsets i..0
-    return row.flip(-1)[:, : max_offset + 1].float().cpu()
+    return row.flip(-1)[:, min_offset : max_offset + 1].float().cpu()
+
+
+def learned_bias_from_results(results: dict) -> dict:
+    """The read-back stored in an extrapolation result: ``{method: tensor [heads, offsets]}``."""
+    return {
+        name: torch.tensor(rec["learned_bias"]["values"])
+        for name, rec in results["methods"].items()
+        if rec.get("learned_bias")
+    }
 
 
 # --- plots -------------------------------------------------------------------------------
@@ -540,18 +610,21 @@ def plot_results(results: dict, path=None, *, factor: int | None = None):
 
     Extrapolation: bits per byte against evaluation length, and the loss by position
     at the longest (or given) length. Retrieval: accuracy against distance per length.
-    Returns the matplotlib figure.
+    Returns a :class:`matplotlib.figure.Figure` (not registered with pyplot, so nothing
+    is left open behind it).
     """
-    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure
 
     kind = results.get("kind")
     if kind == "extrapolation":
-        fig, axes = plt.subplots(1, 2, figsize=(12, 4.2))
+        fig = Figure(figsize=(12, 4.2))
+        axes = fig.subplots(1, 2)
         plot_extrapolation(results, ax=axes[0])
         plot_loss_by_position(results, factor=factor, ax=axes[1])
     elif kind == "retrieval":
         lengths = sorted({r["length"] for m in results["methods"].values() for r in m["eval"]})
-        fig, axes = plt.subplots(1, len(lengths), figsize=(6 * len(lengths), 4.2), squeeze=False)
+        fig = Figure(figsize=(6 * len(lengths), 4.2))
+        axes = fig.subplots(1, len(lengths), squeeze=False)
         for ax, length in zip(axes[0], lengths):
             plot_retrieval(results, length=length, ax=ax)
     else:
@@ -561,6 +634,12 @@ def plot_results(results: dict, path=None, *, factor: int | None = None):
     if path is not None:
         fig.savefig(path, dpi=110)
     return fig
+
+
+def _new_axes():
+    from matplotlib.figure import Figure
+
+    return Figure(figsize=(6, 4.2)).subplots()
 
 
 def _title(results: dict) -> str:
@@ -590,9 +669,7 @@ def _style(name: str) -> dict:
 
 def plot_extrapolation(results: dict, ax=None):
     """Bits per byte against evaluation length (log scale), one line per method."""
-    import matplotlib.pyplot as plt
-
-    ax = ax or plt.gca()
+    ax = ax if ax is not None else _new_axes()
     for name, res in results["methods"].items():
         lengths = [r["length"] for r in res["eval"]]
         ax.plot(lengths, [r["bpb"] for r in res["eval"]], label=name, **_style(name))
@@ -606,9 +683,7 @@ def plot_extrapolation(results: dict, ax=None):
 
 def plot_loss_by_position(results: dict, factor: int | None = None, ax=None, *, window: int = 16):
     """Loss (bits) against position in the window at one length, smoothed over ``window``."""
-    import matplotlib.pyplot as plt
-
-    ax = ax or plt.gca()
+    ax = ax if ax is not None else _new_axes()
     for name, res in results["methods"].items():
         rows = res["eval"]
         row = rows[-1] if factor is None else next(r for r in rows if r["factor"] == factor)
@@ -631,9 +706,7 @@ def plot_loss_by_position(results: dict, factor: int | None = None, ax=None, *, 
 
 def plot_retrieval(results: dict, length: int | None = None, ax=None):
     """Recall accuracy against distance at one sequence length, one line per method."""
-    import matplotlib.pyplot as plt
-
-    ax = ax or plt.gca()
+    ax = ax if ax is not None else _new_axes()
     for name, res in results["methods"].items():
         rows = [r for r in res["eval"] if length is None or r["length"] == length]
         ax.plot(
@@ -648,50 +721,3 @@ def plot_retrieval(results: dict, length: int | None = None, ax=None):
     ax.set_title(f"sequence length {length}" if length else "", fontsize=9)
     ax.legend(fontsize=7, ncol=2)
     return ax
-
-
-def learned_bias_from_results(results: dict) -> dict:
-    """The read-back stored in an extrapolation result: ``{method: tensor [heads, offsets]}``."""
-    return {
-        name: torch.tensor(rec["learned_bias"]["values"])
-        for name, rec in results["methods"].items()
-        if rec.get("learned_bias")
-    }
-
-
-def plot_learned_bias(
-    biases: dict,
-    max_offset: int,
-    *,
-    train_len: int | None = None,
-    query_position: int | None = None,
-):
-    """One panel per family: PE against offset, one line per head.
-
-    ``biases`` maps a name to a TinyLM, a RelativeBias or an already read-back tensor
-    ``[heads, offsets]``. ``train_len`` draws the last trained offset. Returns the figure.
-    """
-    import matplotlib.pyplot as plt
-
-    n = len(biases)
-    cols = min(n, 4)
-    rows = math.ceil(n / cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(3.4 * cols, 2.8 * rows), squeeze=False)
-    for ax, (name, item) in zip(axes.flat, biases.items()):
-        table = (
-            item
-            if isinstance(item, torch.Tensor)
-            else learned_bias(item, max_offset, query_position=query_position)
-        )
-        for h, line in enumerate(table):
-            ax.plot(range(table.shape[1]), line.numpy(), lw=1, label=f"head {h}")
-        if train_len is not None:
-            ax.axvline(train_len - 1, color="grey", lw=0.8)
-        ax.set_title(name, fontsize=9)
-        ax.set_xlabel("offset i - j")
-    for ax in list(axes.flat)[n:]:
-        ax.axis("off")
-    axes.flat[0].set_ylabel("PE(i, j)")
-    axes.flat[0].legend(fontsize=6)
-    fig.tight_layout()
-    return fig

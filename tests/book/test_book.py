@@ -185,7 +185,7 @@ def test_first_code_cell_installs_relbias_only_in_colab(path):
 def test_second_code_cell_picks_the_runtime(path):
     second = code_cells(load(path))[1]
     assert "runtime_banner(" in source(second), (
-        "the second code cell imports and calls relbias.book.notebook.runtime_banner()"
+        "the second code cell imports and calls relbias.book.runtime_banner()"
     )
 
 
@@ -220,7 +220,7 @@ def test_outputs_are_one_clean_run(path):
     counts = [c.get("execution_count") for c in cells]
     assert counts == list(range(1, len(cells) + 1)), (
         f"execution counts {counts}: store the outputs of one top-to-bottom run "
-        f"(python -m relbias.book.notebook execute {path.relative_to(ROOT)})"
+        f"(python -m relbias.book execute {path.relative_to(ROOT)})"
     )
     errors = [
         i for i, c in enumerate(cells) for o in c.get("outputs", []) if o["output_type"] == "error"
@@ -243,7 +243,7 @@ def test_outputs_are_portable(path):
     nb = load(path)
     assert "widgets" not in nb.get("metadata", {}), (
         "widget state is stored in the notebook: execute it with "
-        "`python -m relbias.book.notebook execute`, which does not store it"
+        "`python -m relbias.book execute`, which does not store it"
     )
     # Memory addresses, and paths of the machine that ran the notebook (this checkout, a
     # home folder, an installed package): they would differ on the machine that re-runs it.
@@ -359,7 +359,7 @@ def test_sanitize_file_is_valid():
         re.compile(regex)
 
 
-# --- the notebook helpers (relbias.book.notebook) ----------------------------------------
+# --- the chapters' helpers (relbias.book) ---------------------------------------------------
 
 
 def test_show_source_shows_the_real_source():
@@ -425,7 +425,7 @@ def test_glued_text_is_pasted_unchanged(text):
     """myst-nb literal_evals pasted text; nb.glue quotes what it would change."""
     from myst_nb.core.variables import format_plain_text
 
-    from relbias.book.notebook import _pasteable
+    from relbias.book.display import _pasteable
 
     assert format_plain_text(_pasteable(text), "") == text
 
@@ -433,7 +433,7 @@ def test_glued_text_is_pasted_unchanged(text):
 def test_show_table_and_glue_values():
     import torch
 
-    from relbias.book import notebook as nb
+    from relbias.book import display as nb
 
     table = nb.show_table(
         [[1, 2.5], [torch.tensor(3), torch.tensor(0.125)]], ["a", "b"], display=False
@@ -473,3 +473,164 @@ def test_figures_are_png_and_repeatable():
 
     first = png()
     assert first.startswith(b"\x89PNG") and first == png()
+
+
+def test_execute_command_checks_its_notebooks(capsys):
+    """``python -m relbias.book execute`` refuses a notebook that does not exist."""
+    from relbias.book.execute import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["execute", "no_such_chapter.ipynb"])
+    assert exit_info.value.code == 2
+    assert "no such notebook: no_such_chapter.ipynb" in capsys.readouterr().err
+
+
+# --- one read-back of a bias by offset, one figure of it ---------------------------------------
+
+
+def _randomised(name: str, heads: int = 3):
+    """A bias of family ``name`` with random parameters (offset tables start at zero)."""
+    import torch
+
+    import relbias
+    from relbias.lab.model import default_bias_kwargs
+
+    torch.manual_seed(0)
+    bias = relbias.make_bias(name, heads, **default_bias_kwargs(name, 16))
+    with torch.no_grad():
+        for weight in bias.parameters():
+            weight.copy_(0.1 + torch.rand_like(weight))
+    return bias
+
+
+OFFSET_ONLY = ["offset", "t5", "alibi", "sandwich", "kerple_power", "kerple_log"]
+
+
+@pytest.mark.parametrize("name", OFFSET_ONLY)
+def test_learned_bias_is_the_offset_table(name):
+    """For offset-only families the read-back is the module's own offset table."""
+    import torch
+
+    from relbias.lab.model import TinyLM
+    from relbias.lab.training import learned_bias
+
+    bias = _randomised(name)
+    assert bias.offset_only
+    with torch.no_grad():
+        for low, high in ((0, 40), (5, 9), (-7, 7)):
+            expected = bias.offset_table(low, high).float()
+            got = learned_bias(bias, high, min_offset=low)
+            assert got.shape == (3, high - low + 1) and got.dtype == torch.float32
+            assert torch.equal(got, expected)
+        model = TinyLM(position=name, dim=12, depth=1, heads=3, train_len=16)
+        model.bias.load_state_dict(bias.state_dict())
+        assert torch.equal(learned_bias(model, 40), bias.offset_table(0, 40).float())
+
+
+def test_learned_bias_reads_fire_at_one_query_position():
+    """FIRE depends on the query position too: the row of query ``query_position``
+    (default ``max_offset``) against keys ``query_position - offset``."""
+    import torch
+
+    from relbias.lab.training import learned_bias
+
+    fire = _randomised("fire")
+    assert not fire.offset_only
+    with torch.no_grad():
+        for max_offset, query in ((15, None), (15, 15), (15, 100), (40, 63)):
+            i = max_offset if query is None else query
+            row = fire(i + 1)[:, i, :]  # keys j = 0..i
+            expected = torch.stack([row[:, i - d] for d in range(max_offset + 1)], dim=1)
+            got = learned_bias(fire, max_offset, query_position=query)
+            assert got.shape == (3, max_offset + 1)
+            torch.testing.assert_close(got, expected.float())
+            sliced = learned_bias(fire, max_offset, min_offset=3, query_position=query)
+            assert torch.equal(sliced, got[:, 3:])
+        # beyond the threshold L the same offset reads differently from another query
+        far = [learned_bias(fire, 8, query_position=q) for q in (8, 400)]
+        assert not torch.allclose(far[0], far[1])
+    with pytest.raises(ValueError, match="query_position"):
+        learned_bias(fire, 10, query_position=5)
+    with pytest.raises(ValueError, match="offsets >= 0"):
+        learned_bias(fire, 10, min_offset=-1)
+
+
+def _curves(ax) -> int:
+    """Lines of an axes that are curves, not vertical marks (axvline)."""
+    return sum(1 for line in ax.lines if len(set(line.get_xdata())) > 1)
+
+
+def test_plot_bias_by_offset_draws_one_line_per_head():
+    import torch
+    from matplotlib.figure import Figure
+
+    import relbias
+    from relbias import book as nb
+    from relbias.lab.model import TinyLM
+    from relbias.lab.training import learned_bias_from_results
+
+    fig = nb.plot_bias_by_offset(relbias.ALiBi(4), 32, mark=[16], title="ALiBi")
+    assert isinstance(fig, Figure) and len(fig.axes) == 1
+    (ax,) = fig.axes
+    assert _curves(ax) == 4 and len(ax.lines) == 4 + 1
+    assert [line.get_label() for line in ax.lines[:4]] == [f"head {h}" for h in range(4)]
+    x, y = ax.lines[2].get_data()
+    assert list(x) == list(range(33))
+    assert torch.equal(torch.as_tensor(y), relbias.ALiBi(4).offset_table(0, 32)[2])
+    assert ax.get_title() == "ALiBi" and ax.get_xlabel() == "offset i - j"
+
+    model = TinyLM(position="fire", dim=12, depth=1, heads=3, train_len=16)
+    panels = {
+        "alibi": relbias.ALiBi(2),
+        "fire": model,
+        "stored": torch.zeros(5, 9),
+        "t5": _randomised("t5", heads=2),
+    }
+    fig = nb.plot_bias_by_offset(
+        panels, 20, reference={"ALiBi": relbias.ALiBi(2)}, mark=[15], ncols=3
+    )
+    assert isinstance(fig, Figure) and len(fig.axes) == 3 + 3  # 2 x 3 grid, 2 left empty
+    heads = [2, 3, 5, 2]
+    for ax, n in zip(fig.axes, heads):
+        assert _curves(ax) == n + 2  # the reference's 2 heads in every panel
+    assert [ax.get_title() for ax in fig.axes[:4]] == list(panels)
+    assert len(fig.axes[2].lines[-2].get_xdata()) == 9  # a tensor keeps its own offsets
+
+    stored = {
+        "methods": {
+            "alibi": {"learned_bias": {"values": [[0.0, -0.5, -1.0], [0.0, -0.1, -0.2]]}},
+            "rope": {"learned_bias": None},
+        }
+    }
+    fig = nb.plot_bias_by_offset(learned_bias_from_results(stored))
+    assert len(fig.axes) == 1 and _curves(fig.axes[0]) == 2
+
+    fig = nb.plot_bias_by_offset(relbias.T5Bias(4), 12, heads=[1, 3], step=True)
+    assert _curves(fig.axes[0]) == 2
+
+    fig, axes = nb.figure(8, 3, ncols=2)
+    ax = axes.flat[1]
+    for q in (16, 64):
+        assert (
+            nb.plot_bias_by_offset(model, q, min_offset=1, heads=[0], label=f"q {q}", ax=ax) is fig
+        )
+    assert _curves(ax) == 2 and ax.lines[0].get_xdata()[0] == 1
+    assert [line.get_label() for line in ax.lines] == ["q 16", "q 64"]
+    with pytest.raises(ValueError, match="max_offset"):
+        nb.plot_bias_by_offset(relbias.ALiBi(2))
+
+
+def test_the_book_never_imports_pyplot():
+    """Figures are drawn on matplotlib Figures (:func:`relbias.book.figure`), not pyplot."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, relbias\n"
+        "from relbias import book as nb\n"
+        "from relbias.book import figures as fg\n"
+        "nb.to_png(nb.plot_bias_by_offset({'a': relbias.ALiBi(2)}, 8))\n"
+        "nb.to_png(fg.plot_alibi_slopes())\n"
+        "assert 'matplotlib.pyplot' not in sys.modules\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)

@@ -1,4 +1,5 @@
-"""The fast backends of biased_attention (relbias.attention.flex) against the materialised path.
+"""The fast backends of biased_attention (prepared biases, the table path, FlexAttention)
+against the materialised path.
 
 FlexAttention compiles one kernel per shape (tens of seconds on a CPU), so its tests
 share a few shapes: every offset-only family uses the same kernel at a given shape,
@@ -24,16 +25,10 @@ from torch._dynamo.utils import counters
 
 import relbias
 from relbias import biased_attention
-from relbias.attention import api, flex
-from relbias.attention.flex import (
-    FIREBias,
-    OffsetTableBias,
-    causal_block_mask,
-    compile_stats,
-    last_backend,
-    prepare_bias,
-    table_attention,
-)
+from relbias.attention import api, prepared, table
+from relbias.attention.flex import causal_block_mask, compile_stats
+from relbias.attention.prepared import FIREBias, OffsetTableBias, prepare_bias
+from relbias.attention.table import table_attention
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")  # from compiling
 
@@ -85,7 +80,7 @@ def test_table_backend_matches_materialise(family, causal, q_len, k_len, q_start
 def test_table_backend_blocks(block_rows, few_operations, monkeypatch):
     """Any block of query rows gives the same result (causal, queries inside the keys),
     in both of table_attention's strategies (few operations or the least memory)."""
-    monkeypatch.setattr(flex, "SMALL_ATTENTION", 10**9 if few_operations else 0)
+    monkeypatch.setattr(table, "SMALL_ATTENTION", 10**9 if few_operations else 0)
     bias = family_bias("t5", True)
     q, k, v = qkv(21, 50)
     prepared = prepare_bias(bias, 21, 50, q_start=12)
@@ -111,11 +106,11 @@ def test_tiled_table_attention_matches_materialise(
 ):
     """Causal tiles (past keys + the tile's own triangle, joined by log-sum-exp) equal the
     materialised path for every offset-only family, batch 2, with and without a prefix."""
-    monkeypatch.setattr(flex, "TILE_ROWS", tile)
-    monkeypatch.setattr(flex, "STRIP_ROWS", strip)
+    monkeypatch.setattr(table, "TILE_ROWS", tile)
+    monkeypatch.setattr(table, "STRIP_ROWS", strip)
     calls = []
-    tiled = flex._tiled_table_attention
-    monkeypatch.setattr(flex, "_tiled_table_attention", lambda *a: calls.append(1) or tiled(*a))
+    tiled = table._tiled_table_attention
+    monkeypatch.setattr(table, "_tiled_table_attention", lambda *a: calls.append(1) or tiled(*a))
     bias = family_bias(family, True)
     q, k, v = qkv(q_len, q_start + q_len)
     with torch.no_grad():
@@ -128,12 +123,12 @@ def test_tiled_table_attention_matches_materialise(
 def test_tiles_only_where_they_apply(monkeypatch):
     """FIRE, gradients, float64, bidirectional attention and keys after the last query
     keep the blocks of rows (and still equal the materialised path)."""
-    monkeypatch.setattr(flex, "TILE_ROWS", 8)
-    monkeypatch.setattr(flex, "STRIP_ROWS", 4)
+    monkeypatch.setattr(table, "TILE_ROWS", 8)
+    monkeypatch.setattr(table, "STRIP_ROWS", 4)
     t5 = family_bias("t5", True)
     q, k, v = qkv(24, 24)
     with torch.no_grad():
-        assert flex._tiles_apply(q, k, v, prepare_bias(t5, 24), True)
+        assert table._tiles_apply(q, k, v, prepare_bias(t5, 24), True)
     cases = [
         (family_bias("fire", True), q, k, v, True, "FIRE"),
         (family_bias("t5", False), q, k, v, False, "bidirectional"),
@@ -143,13 +138,13 @@ def test_tiles_only_where_they_apply(monkeypatch):
     for bias, q_, k_, v_, causal, why in cases:
         with torch.set_grad_enabled(why == "gradients"):
             prepared = prepare_bias(bias, 24)
-            assert not flex._tiles_apply(q_, k_, v_, prepared, causal), why
+            assert not table._tiles_apply(q_, k_, v_, prepared, causal), why
             expected = biased_attention(q_, k_, v_, bias, causal=causal, backend="materialize")
             got = biased_attention(q_, k_, v_, bias, causal=causal, backend="table")
         assert_close(got.detach().float(), expected.detach().float())
     q, k, v = qkv(24, 30)  # k_len > q_start + q_len
     with torch.no_grad():
-        assert not flex._tiles_apply(q, k, v, prepare_bias(t5, 24, 30, q_start=0), True)
+        assert not table._tiles_apply(q, k, v, prepare_bias(t5, 24, 30, q_start=0), True)
 
 
 @pytest.mark.parametrize("causal", [True, False])
@@ -214,9 +209,9 @@ def test_fused_fire_blocks_match_eager(monkeypatch):
     q, k, v = qkv(40, 40)
     with torch.no_grad():
         for causal in (True, False):
-            monkeypatch.setattr(flex, "FUSE_FIRE", True)
+            monkeypatch.setattr(prepared, "FUSE_FIRE", True)
             fused = biased_attention(q, k, v, fire, causal=causal, backend="table")
-            monkeypatch.setattr(flex, "FUSE_FIRE", False)
+            monkeypatch.setattr(prepared, "FUSE_FIRE", False)
             eager = biased_attention(q, k, v, fire, causal=causal, backend="table")
             assert_close(fused, eager)
 
@@ -243,7 +238,7 @@ def test_flex_matches_materialise(causal, q_len, k_len, q_start):
             got, backend = biased_attention(
                 q, k, v, bias, causal=causal, q_start=q_start, backend="flex", return_backend=True
             )
-        assert backend == "flex" == last_backend()
+        assert backend == "flex"
         assert_close(got, expected)
 
 
@@ -292,7 +287,8 @@ def test_auto_on_cpu_without_gradients_takes_a_fused_path(family):
     with torch.no_grad():
         _, backend = biased_attention(q, k, v, bias, return_backend=True)
     assert backend == api.CPU_INFERENCE_BACKENDS[0] != "materialize"
-    assert last_backend() == backend
+    with torch.no_grad():
+        assert relbias.choose_backend(q, k, v, bias) == backend
 
 
 def test_auto_materialises_when_gradients_are_needed():
@@ -314,7 +310,11 @@ def test_auto_materialises(case):
     bias = {"tensor": torch.randn(HEADS, 10, 10), "none": None}.get(case, relbias.ALiBi(HEADS))
     with torch.no_grad():
         out = biased_attention(q, k, v, bias, return_weights=case == "weights", return_backend=True)
-    assert out[-1] == "materialize" == last_backend()
+    assert (
+        out[-1]
+        == "materialize"
+        == api.choose_backend(q, k, v, bias, return_weights=case == "weights")
+    )
     assert len(out) == (3 if case == "weights" else 2)
 
 
@@ -370,20 +370,20 @@ def test_prepared_bias_shape_is_checked():
 def test_tiles_keep_their_buffers_but_never_return_them(monkeypatch):
     """Consecutive calls reuse the tiles' buffers (same shape), yet every call returns a
     tensor of its own: the first result survives the second call unchanged."""
-    monkeypatch.setattr(flex, "TILE_ROWS", 16)
-    monkeypatch.setattr(flex, "STRIP_ROWS", 8)
-    monkeypatch.setattr(flex, "TILE_GROUP_ROWS", 32)  # groups of 32 and 16 rows at n = 48
+    monkeypatch.setattr(table, "TILE_ROWS", 16)
+    monkeypatch.setattr(table, "STRIP_ROWS", 8)
+    monkeypatch.setattr(table, "TILE_GROUP_ROWS", 32)  # groups of 32 and 16 rows at n = 48
     bias = family_bias("alibi", True)
     with torch.no_grad():
         prepared = prepare_bias(bias, 48)
         q, k, v = qkv(48, 48)
         first = table_attention(q, k, v, prepared)
         kept = first.clone()
-        buffers = dict(flex._WORKSPACE.buffers)
+        buffers = dict(table._WORKSPACE.buffers)
         q2, k2, v2 = qkv(48, 48)
         second = table_attention(q2, k2, v2, prepared)
         assert len(buffers) == 4  # q and output buffers for groups of 32 and 16 rows
-        assert all(flex._WORKSPACE.buffers[key] is buf for key, buf in buffers.items())
+        assert all(table._WORKSPACE.buffers[key] is buf for key, buf in buffers.items())
         assert torch.equal(first, kept)
         for out in (first, second):
             assert out.data_ptr() not in {b.data_ptr() for b in buffers.values()}

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import random
+import re
 import subprocess
 import sys
 
@@ -26,7 +27,7 @@ from conftest import (
 import relbias
 from relbias import biased_attention
 from relbias.attention import api, fused
-from relbias.attention.flex import last_backend, prepare_bias
+from relbias.attention.prepared import prepare_bias
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")  # torch.compile's imports
 
@@ -63,8 +64,10 @@ def test_fused_matches_materialise(family, causal, q_len, k_len, q_start, blocks
         expected = biased_attention(
             q, k, v, bias, causal=causal, q_start=q_start, backend="materialize"
         )
-        got = biased_attention(q, k, v, bias, causal=causal, q_start=q_start, backend="fused")
-    assert last_backend() == "fused"
+        got, backend = biased_attention(
+            q, k, v, bias, causal=causal, q_start=q_start, backend="fused", return_backend=True
+        )
+    assert backend == "fused"
     assert_close(got, expected)
 
 
@@ -286,3 +289,82 @@ def test_work_shared_by_two_threads(heads, batch, causal, monkeypatch):
     finally:
         torch.set_num_threads(threads)
     assert_close(got, expected)
+
+
+# --- the build: visible, ahead of time, feature-detected, without process-wide changes -----------
+def _run_module(env_overrides, timeout=600):
+    env = {**os.environ, **env_overrides}
+    return subprocess.run(
+        [sys.executable, "-m", "relbias.attention.fused"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def test_python_m_builds_ahead_of_time_and_says_so(tmp_path):
+    """A fresh cache: the build announces itself on stderr and its time; the second run
+    loads it (no compiling line); both print where it is cached and exit 0."""
+    first = _run_module({"TORCH_EXTENSIONS_DIR": str(tmp_path)})
+    assert first.returncode == 0, first.stderr[-2000:]
+    assert "compiling the fused attention kernel" in first.stderr
+    assert re.search(r"compiled in \d+\.\d s", first.stderr)
+    assert "self-test passed" in first.stdout and str(tmp_path) in first.stdout
+    assert "RuntimeWarning" not in first.stderr  # -m finds the module not imported yet
+    second = _run_module({"TORCH_EXTENSIONS_DIR": str(tmp_path)})
+    assert second.returncode == 0, second.stderr[-2000:]
+    assert "compiling" not in second.stderr
+    assert "loaded from the cache" in second.stdout and str(tmp_path) in second.stdout
+
+
+@pytest.mark.parametrize(
+    "env,reason",
+    [({"RELBIAS_FUSED": "0"}, "RELBIAS_FUSED=0"), ({"CXX": "/no/such/c++"}, "no C++ compiler")],
+)
+def test_python_m_exits_1_with_the_reason(env, reason, tmp_path):
+    proc = _run_module({**env, "TORCH_EXTENSIONS_DIR": str(tmp_path)}, timeout=300)
+    assert proc.returncode == 1
+    assert "unavailable" in proc.stderr and reason in proc.stderr
+
+
+def test_an_aten_without_float32_brgemm_falls_back(monkeypatch):
+    """Feature detection: where ATen lacks the float32 brgemm the kernel calls, no build is
+    tried, available() is False, auto takes the table path and backend='fused' names why."""
+    monkeypatch.setattr(fused, "_BUILD", {})
+    monkeypatch.setattr(fused, "_FLOAT_BRGEMM", re.compile("no such declaration anywhere"))
+    monkeypatch.setattr(fused, "_compile", lambda *a: pytest.fail("a build was tried"))
+    assert not fused.available()
+    assert "cpublas::brgemm" in fused.unavailable_reason()
+    bias = family_bias("alibi", True)
+    q, k, v = qkv(20, 20)
+    with torch.no_grad():
+        out, backend = biased_attention(q, k, v, bias, return_backend=True)
+        assert backend == "table"
+        assert_close(out, biased_attention(q, k, v, bias, backend="materialize"))
+        with pytest.raises(RuntimeError, match="could not be built here.*brgemm"):
+            biased_attention(q, k, v, bias, backend="fused")
+
+
+def test_the_build_changes_nothing_process_wide(monkeypatch, tmp_path, capsys):
+    """With no ninja on PATH, pip's ninja goes to the child process's PATH only; the
+    parent's environment and torch's loggers are left as they were."""
+    import logging
+
+    import ninja
+
+    monkeypatch.setattr(fused, "_BUILD", {})
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    real_which = fused.shutil.which
+    monkeypatch.setattr(
+        fused.shutil, "which", lambda name: None if name == "ninja" else real_which(name)
+    )
+    seen = []
+    monkeypatch.setattr(fused, "_compile", lambda *args: seen.append(args))
+    path, environ = os.environ.get("PATH"), dict(os.environ)
+    level = logging.getLogger("torch.utils.cpp_extension").level
+    assert not fused.available()  # nothing was compiled into tmp_path: no library to load
+    assert seen and seen[0][3] == ninja.BIN_DIR
+    assert os.environ.get("PATH") == path and dict(os.environ) == environ
+    assert logging.getLogger("torch.utils.cpp_extension").level == level
+    assert "compiling the fused attention kernel" in capsys.readouterr().err

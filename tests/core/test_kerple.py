@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from relbias import ALiBi, KerpleLog, KerplePower, alibi_slopes, relative_positions
+from relbias.biases.kerple import project_after_steps
 
 
 def with_params(cls, r1, r2, **kwargs):
@@ -90,6 +91,7 @@ def test_forward_projects_out_of_range_parameters():
 def test_constraints_hold_right_after_an_optimiser_step(cls, optimizer):
     bias = with_params(cls, [0.5, 0.5], [1.0, 1.9])
     opt = optimizer(bias.parameters(), lr=10.0)
+    project_after_steps(opt, bias)
     for _ in range(3):
         opt.zero_grad()
         # Push r1 and r2 below 0, and r2 of head 1 above 2.
@@ -131,7 +133,52 @@ def test_copies_are_projected_after_optimiser_steps(how):
         buffer.seek(0)
         module = torch.load(buffer, weights_only=False)
     opt = torch.optim.SGD(module.parameters(), lr=10.0)
+    project_after_steps(opt, module)
     (100 * module.r1.sum() - 100 * module.r2.sum()).backward()
     opt.step()
     assert (module.r1 > 0).all()
     assert (module.r2 > 0).all() and (module.r2 <= 2).all()
+
+
+def test_importing_kerple_registers_no_global_hook():
+    """No process-wide optimiser hook: only the optimiser project_after_steps is given to."""
+    from torch.optim.optimizer import _global_optimizer_post_hooks
+
+    import relbias.biases.kerple as kerple
+
+    assert not any(
+        getattr(hook, "__module__", "") == kerple.__name__
+        for hook in _global_optimizer_post_hooks.values()
+    )
+    bias = with_params(KerplePower, [0.5, 0.5], [1.0, 1.0])
+    opt = torch.optim.SGD(bias.parameters(), lr=10.0)
+    (100 * bias.r1.sum()).backward()
+    opt.step()  # no hook attached: the step leaves r1 below its floor ...
+    assert (bias.r1 < 0).all()
+    out = bias(3)  # ... and the module clamps it at use, so its bias obeys the constraint
+    assert (bias.r1 >= bias.eps).all() and (out <= 0).all()
+
+
+def test_project_after_steps_finds_kerple_biases_in_a_model_and_detaches():
+    model = torch.nn.Sequential(
+        torch.nn.Linear(2, 2), with_params(KerplePower, [0.5, 0.5], [1.0, 1.0])
+    )
+    kerple = model[1]
+    opt = torch.optim.SGD(model.parameters(), lr=10.0)
+    handle = project_after_steps(opt, [model])
+    (100 * kerple.r1.sum() - 100 * kerple.r2.sum()).backward()
+    opt.step()
+    assert (kerple.r1 >= kerple.eps).all() and (kerple.r2 <= 2).all()
+    handle.remove()
+    opt.zero_grad()
+    (100 * kerple.r1.sum()).backward()
+    opt.step()
+    assert (kerple.r1 < 0).all()  # detached: no projection after this step
+    other = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+    project_after_steps(other, kerple)  # an optimiser that does not hold r1, r2
+    other.step()
+    assert (kerple.r1 < 0).all()
+    with pytest.raises(TypeError, match="optimizer"):
+        project_after_steps(kerple, kerple)
+    with pytest.raises(TypeError, match="modules"):
+        project_after_steps(opt, 3)

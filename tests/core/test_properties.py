@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from relbias import FIRE, ALiBi, KerpleLog, KerplePower, OffsetBias, relative_positions, t5_bucket
+from relbias.biases.kerple import project_after_steps
 
 FAST = settings(max_examples=60, deadline=None)
 OFFSET_ONLY = ["offset", "t5", "alibi", "sandwich", "kerple_power", "kerple_log"]
@@ -247,6 +248,7 @@ def test_kerple_constraints_hold_after_optimiser_steps(power, optimizer, lr, ste
     torch.manual_seed(seed)
     module = (KerplePower if power else KerpleLog)(3)
     opt = OPTIMIZERS[optimizer](module.parameters(), lr)
+    project_after_steps(opt, module)
     p1, p2, p3 = pushes
     for _ in range(steps):
         opt.zero_grad()

@@ -118,7 +118,7 @@ def test_sinusoidal_table():
 
 @pytest.mark.parametrize("share_bias", [True, False])
 @pytest.mark.parametrize("position", BIAS_POSITIONS)
-def test_fast_evaluation_equals_the_materialised_bias(position, share_bias):
+def test_fast_evaluation_equals_the_materialised_bias(position, share_bias, monkeypatch):
     """Under no_grad on the CPU the model adds its bias from the O(n) table inside the
     fused kernel; same logits."""
     torch.manual_seed(1)
@@ -128,17 +128,26 @@ def test_fast_evaluation_equals_the_materialised_bias(position, share_bias):
         fast = model(x)
         model.attention_backend = "materialize"
         dense = model(x)
-    assert relbias_backend_after(model, x, "auto") == "fused"
+    assert relbias_backend_after(model, x, "auto", monkeypatch) == "fused"
     torch.testing.assert_close(fast, dense, atol=2e-5, rtol=1e-4)
 
 
-def relbias_backend_after(model, x, backend):
-    from relbias.attention.flex import last_backend
+def relbias_backend_after(model, x, backend, monkeypatch):
+    """The backend biased_attention took in the model's last layer (asked, not guessed)."""
+    import relbias.lab.model as model_module
 
+    taken, real = [], model_module.biased_attention
+
+    def spy(*args, **kwargs):
+        out, name = real(*args, **kwargs, return_backend=True)
+        taken.append(name)
+        return out
+
+    monkeypatch.setattr(model_module, "biased_attention", spy)
     model.attention_backend = backend
     with torch.no_grad():
         model(x)
-    return last_backend()
+    return taken[-1]
 
 
 @pytest.mark.parametrize("position", BIAS_POSITIONS)

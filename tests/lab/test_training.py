@@ -11,6 +11,7 @@ from relbias.lab.data import load_corpus
 from relbias.lab.model import BIAS_POSITIONS, POSITION_NAMES, TinyLM, lm_loss
 from relbias.lab.training import (
     Config,
+    autocast_dtype,
     build_model,
     evaluate_lengths,
     evaluate_retrieval,
@@ -19,7 +20,6 @@ from relbias.lab.training import (
     learned_bias_from_results,
     load_results,
     pick_device,
-    plot_learned_bias,
     plot_results,
     probe_batches,
     provenance,
@@ -54,14 +54,36 @@ def corpus():
     return load_corpus(max_bytes=TINY.corpus_bytes)
 
 
-def test_quick_config_under_ci(monkeypatch):
-    monkeypatch.setenv("CI", "true")
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+def test_quick_config_on_every_device_full_on_request(monkeypatch):
+    monkeypatch.delenv("RELBIAS_CONFIG", raising=False)
+    monkeypatch.delenv("CI", raising=False)
+    for cuda in (True, False):  # a chapter opened on a GPU runs the same live demo
+        monkeypatch.setattr(torch.cuda, "is_available", lambda cuda=cuda: cuda)
+        assert get_config().name == "quick"
+    monkeypatch.setenv("RELBIAS_CONFIG", "full")
+    assert get_config().name == "full"
+    monkeypatch.setenv("CI", "true")  # CI always runs quick
     assert get_config().name == "quick"
     monkeypatch.delenv("CI")
-    assert get_config().name == "full"
+    monkeypatch.setenv("RELBIAS_CONFIG", "huge")
+    with pytest.raises(ValueError, match="RELBIAS_CONFIG"):
+        get_config()
+
+
+def test_autocast_dtype_by_device(monkeypatch):
+    assert autocast_dtype("cpu") is None
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (7, 5))
+    assert autocast_dtype("cuda") is torch.float16  # a T4: no bfloat16 tensor cores
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    assert autocast_dtype("cuda") is torch.bfloat16
+
+
+def test_pick_device_never_chooses_mps_by_itself(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    assert get_config().name == "quick"
+    mps = getattr(torch.backends, "mps", None)
+    if mps is not None:
+        monkeypatch.setattr(mps, "is_available", lambda: True)
+    assert pick_device(verbose=False).type == "cpu"
 
 
 def test_config_overrides_and_checks():
@@ -216,13 +238,7 @@ def test_results_roundtrip_and_plots(tmp_path):
         load_results("no_such_result")
 
 
-def test_plot_learned_bias():
-    models = {
-        p: TinyLM(position=p, dim=16, depth=1, heads=2, train_len=8)
-        for p in ("alibi", "fire", "t5")
-    }
-    fig = plot_learned_bias(models, 20, train_len=8)
-    assert len(fig.axes) == 3
+def test_learned_bias_from_results():
     stored = {
         "methods": {
             "alibi": {"learned_bias": {"values": [[0.0, -0.5], [0.0, -0.1]]}},
@@ -231,4 +247,3 @@ def test_plot_learned_bias():
     }
     tables = learned_bias_from_results(stored)
     assert list(tables) == ["alibi"] and tables["alibi"].shape == (2, 2)
-    assert len(plot_learned_bias(tables, 1).axes) == 1

@@ -259,3 +259,41 @@ def test_the_fused_kernel_source_ships_with_the_package(pyproject):
         for r in pyproject["project"]["optional-dependencies"]["fused"]
     }
     assert {"torch", "ninja", "setuptools"} <= needed
+
+
+# --- the deploy path (.github/workflows) -------------------------------------------------------
+
+
+def _workflow(name: str) -> dict:
+    yaml = pytest.importorskip("yaml")
+    return yaml.safe_load((ROOT / ".github" / "workflows" / name).read_text())
+
+
+def _readme_commands() -> list[str]:
+    readme = (ROOT / "README.md").read_text()
+    block = re.search(r"```bash\n(.*?)```", readme, re.S).group(1)
+    return [line.split("#")[0].strip() for line in block.splitlines() if line.strip()]
+
+
+def test_the_test_workflow_runs_the_readme_test_command():
+    test_command = next(c for c in _readme_commands() if "test.sh" in c)
+    workflow = _workflow("test.yml")
+    on = workflow.get("on", workflow.get(True))  # YAML 1.1 reads a bare `on` as True
+    assert {"push", "pull_request"} <= set(on)
+    steps = [s for job in workflow["jobs"].values() for s in job["steps"]]
+    assert any(s.get("run", "").strip() == test_command for s in steps), steps
+    ci_run = (ROOT / ".ci" / "run").read_text()
+    assert test_command in ci_run
+
+
+def test_the_pages_workflow_builds_with_the_readme_command_and_deploys():
+    build_command = next(c for c in _readme_commands() if "book.sh" in c)
+    workflow = _workflow("pages.yml")
+    assert workflow["permissions"]["pages"] == "write"
+    build, deploy = workflow["jobs"]["build"], workflow["jobs"]["deploy"]
+    runs = [s.get("run", "").strip() for s in build["steps"]]
+    assert build_command in runs, runs
+    upload = next(s for s in build["steps"] if "upload-pages-artifact" in s.get("uses", ""))
+    assert upload["with"]["path"] == "_build/html"
+    assert deploy["needs"] == "build"
+    assert any("deploy-pages" in s.get("uses", "") for s in deploy["steps"])

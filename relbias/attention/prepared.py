@@ -1,0 +1,441 @@
+r"""Prepared biases: the O(n) ingredients of one attention shape, ready for any backend.
+
+:meth:`relbias.RelativeBias.prepare` turns a bias module into a :class:`PreparedBias`
+for one shape ``(q_len, k_len, q_start)``: an :class:`OffsetTableBias` (the table of
+the ``q_len + k_len - 1`` offsets the shape meets) for a family that depends on
+``i - j`` alone, a :class:`FIREBias` for FIRE. Pass it to
+:func:`relbias.biased_attention` in place of the module to compute it once and share
+it across layers; it carries gradients to the module's parameters.
+
+The backends read it through public methods only: :meth:`PreparedBias.materialize`
+(the dense bias), :meth:`~PreparedBias.flipped_rows` (a block of the table path,
+:mod:`relbias.attention.table`), :meth:`~PreparedBias.score_mod` (FlexAttention,
+:mod:`relbias.attention.flex`) and :meth:`~PreparedBias.kernel_inputs` (the fused C++
+kernel, :mod:`relbias.attention.fused`).
+
+Reversing the order of the query rows turns a Toeplitz bias into a Hankel matrix, which
+*is* a strided view of the reversed table (:func:`reversed_hankel`, no copy). FIRE's
+block bias folds the hidden units of its MLP that do not switch on the inputs met into
+one linear term first (:meth:`FIREBias.folded_mlp`).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.nn import functional as F
+
+from relbias._checks import check_bool, check_lengths, needs_grad, no_autocast
+from relbias.attention._compile import timed
+from relbias.biases.positions import relative_positions
+
+__all__ = [
+    "FIREBias",
+    "FUSE_FIRE",
+    "OffsetTableBias",
+    "PreparedBias",
+    "prepare_bias",
+    "reversed_hankel",
+    "visible",
+]
+
+
+def visible(query_position, key_position):
+    """Causal attention's one rule: query ``i`` sees key ``j`` when ``j <= i``.
+
+    Works on integers and on tensors (broadcast), so that the dense mask, the offset
+    tables and FlexAttention's ``mask_mod`` all ask it.
+    """
+    return key_position <= query_position
+
+
+class PreparedBias:
+    """The bias of one attention shape ``(q_len, k_len, q_start)``, ready for any backend.
+
+    Build it with :meth:`relbias.RelativeBias.prepare`. It is computed once (its tensors
+    keep their autograd history, so gradients reach the module's parameters) and can be
+    passed as ``bias`` to :func:`relbias.biased_attention` in every layer that shares it.
+    """
+
+    #: Whether the bias depends on the offset ``i - j`` alone (then :meth:`reversed_table`
+    #: exists and a block of the table path is a view of it, no copy).
+    offset_only = False
+
+    def __init__(self, num_heads, q_len, k_len, q_start, bidirectional):
+        self.num_heads = num_heads
+        self.q_len, self.k_len, self.q_start = q_len, k_len, q_start
+        self.bidirectional = bidirectional
+        self._dense = None
+        self._kernel_inputs = {}
+
+    # -- interface of the subclasses --------------------------------------------------
+    def _tensors(self) -> tuple[torch.Tensor, ...]:
+        raise NotImplementedError
+
+    def _dense_bias(self) -> torch.Tensor:
+        raise NotImplementedError
+
+    @property
+    def score_mod_key(self) -> tuple:
+        """What the code of :meth:`score_mod` depends on (one compiled kernel per key)."""
+        raise NotImplementedError
+
+    def score_mod(self):
+        """A FlexAttention ``score_mod`` adding this bias to a score."""
+        raise NotImplementedError
+
+    def flipped_rows(self, start: int, stop: int, k_stop: int, causal: bool, dtype):
+        """The bias of query rows ``stop-1, ..., start`` (reversed) and keys ``0 .. k_stop-1``.
+
+        Returned as ``[1, heads, stop - start, k_stop]`` in ``dtype``, with ``-inf``
+        for future keys when ``causal``: the mask of one block of
+        :func:`relbias.attention.table.table_attention`.
+        """
+        raise NotImplementedError
+
+    def reversed_table(self, causal: bool, dtype) -> torch.Tensor:
+        """The table ``[heads, q_len + k_len - 1]`` in reversed offset order (offset-only)."""
+        raise TypeError(f"{type(self).__name__} depends on more than the offset: no table")
+
+    def kernel_inputs(self, causal: bool) -> tuple[str, tuple] | None:
+        """What the fused C++ kernel reads: ``(operator name, arguments)``, or None.
+
+        The fused backend calls ``torch.ops.relbias_fused.<name>(q, k, v, *arguments,
+        q_start, causal, q_block, kv_block)``. Computed once per ``causal`` and kept.
+        None: no fused kernel for this bias.
+        """
+        return None
+
+    # -- shared --------------------------------------------------------------------------
+    @property
+    def device(self) -> torch.device:
+        return self._tensors()[0].device
+
+    @property
+    def requires_grad(self) -> bool:
+        return any(t.requires_grad for t in self._tensors())
+
+    def prepare(self, q_len, k_len=None, *, q_start=None) -> PreparedBias:
+        """Itself, when prepared for this shape (else ``ValueError``): a prepared bias
+        stands wherever a module's :meth:`~relbias.RelativeBias.prepare` is called."""
+        shape = check_lengths(q_len, k_len, q_start)
+        if shape != (self.q_len, self.k_len, self.q_start):
+            raise ValueError(
+                f"bias was prepared for (q_len, k_len, q_start) = "
+                f"{(self.q_len, self.k_len, self.q_start)}, not {shape}"
+            )
+        return self
+
+    def materialize(self) -> torch.Tensor:
+        """The dense bias ``[heads, q_len, k_len]``, computed on first use and kept.
+
+        Equal to what the family's ``forward`` returns for the same shape (in float32,
+        or float64, whatever autocast the caller runs under).
+        """
+        if self._dense is None or (
+            torch.is_grad_enabled() and self.requires_grad and not self._dense.requires_grad
+        ):
+            with no_autocast(self.device):
+                self._dense = self._dense_bias()
+        return self._dense
+
+    def check_shape(self, heads: int, q_len: int, k_len: int, q_start: int, causal: bool):
+        if heads != self.num_heads:
+            raise ValueError(f"bias has num_heads={self.num_heads} but q has {heads} heads")
+        if (q_len, k_len, q_start) != (self.q_len, self.k_len, self.q_start):
+            raise ValueError(
+                f"bias was prepared for (q_len, k_len, q_start) = "
+                f"{(self.q_len, self.k_len, self.q_start)}, but attention has "
+                f"{(q_len, k_len, q_start)}"
+            )
+        if not causal and not self.bidirectional:
+            raise ValueError(
+                "bias was prepared from a causal family (bidirectional=False); "
+                "build it with bidirectional=True for causal=False attention"
+            )
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(num_heads={self.num_heads}, q_len={self.q_len}, "
+            f"k_len={self.k_len}, q_start={self.q_start})"
+        )
+
+
+def reversed_hankel(table: torch.Tensor, q_len, start, stop, k_stop, k_start=0) -> torch.Tensor:
+    """Rows ``stop-1 .. start`` (reversed) and keys ``k_start .. k_stop-1`` of a Toeplitz bias.
+
+    ``table`` holds offsets ``lo .. hi`` (``hi = q_start + q_len - 1``) in *reversed*
+    order, ``table[:, m]`` = offset ``hi - m``. Reversed row ``r`` is query
+    ``stop - 1 - r``, so entry ``(r, j)`` (key ``k_start + j``) has offset
+    ``hi - (q_len - stop + k_start + r + j)``: a view with strides ``(1, 1)`` into the
+    table, no copy.
+    """
+    heads = table.shape[0]
+    return table.as_strided(
+        (1, heads, stop - start, k_stop - k_start),
+        (0, table.stride(0), 1, 1),
+        storage_offset=table.storage_offset() + q_len - stop + k_start,
+    )
+
+
+class OffsetTableBias(PreparedBias):
+    """An offset-only bias as its table of ``q_len + k_len - 1`` values per head.
+
+    ``table[:, t]`` is PE for the offset ``lowest + t`` with
+    ``lowest = q_start - (k_len - 1)``, up to ``q_start + q_len - 1``: every offset
+    that a ``q_len x k_len`` attention meets. Build it from a module with
+    :meth:`relbias.RelativeBias.prepare`, or from any table of that shape.
+    """
+
+    offset_only = True
+
+    def __init__(self, table, q_len, k_len=None, *, q_start=None, bidirectional=False):
+        q_len, k_len, q_start = check_lengths(q_len, k_len, q_start)
+        if not isinstance(table, torch.Tensor) or table.dim() != 2:
+            raise TypeError("table must be a 2-D tensor [num_heads, q_len + k_len - 1]")
+        if table.shape[1] != max(q_len + k_len - 1, 0):
+            raise ValueError(
+                f"table must have q_len + k_len - 1 = {q_len + k_len - 1} columns, "
+                f"got {table.shape[1]}"
+            )
+        self._init(table, q_len, k_len, q_start, check_bool("bidirectional", bidirectional))
+
+    @classmethod
+    def _unchecked(cls, table, q_len: int, k_len: int, q_start: int, bidirectional: bool):
+        """For :meth:`relbias.RelativeBias.prepare`, whose lengths are checked already."""
+        prepared = cls.__new__(cls)
+        prepared._init(table, q_len, k_len, q_start, bidirectional)
+        return prepared
+
+    def _init(self, table, q_len, k_len, q_start, bidirectional):
+        super().__init__(table.shape[0], q_len, k_len, q_start, bidirectional)
+        self.table = table
+        self._flipped = {}
+
+    @property
+    def lowest(self) -> int:
+        """The offset of ``table[:, 0]``."""
+        return self.q_start - (self.k_len - 1)
+
+    def _tensors(self):
+        return (self.table,)
+
+    def _dense_bias(self):
+        index = (
+            relative_positions(
+                self.q_len, self.k_len, q_start=self.q_start, device=self.table.device
+            )
+            - self.lowest
+        )
+        return self.table[:, index]
+
+    @property
+    def score_mod_key(self):
+        return ("offset",)
+
+    def score_mod(self):
+        table, shift = self.table, self.k_len - 1
+
+        def offset_score_mod(score, b, h, q_idx, kv_idx):
+            # offset (q_start + q_idx) - kv_idx sits at column offset - lowest
+            return score + table[h, q_idx - kv_idx + shift]
+
+        return offset_score_mod
+
+    def reversed_table(self, causal: bool, dtype) -> torch.Tensor:
+        """The table in reversed offset order (entry 0: the highest offset), in ``dtype``,
+        with ``-inf`` for the future (negative) offsets when ``causal``; kept."""
+        key = (causal, dtype, torch.is_grad_enabled())
+        if key not in self._flipped:
+            table = self.table.to(dtype)
+            if causal and self.lowest < 0:
+                offsets = torch.arange(table.shape[1], device=table.device) + self.lowest
+                table = table.masked_fill(~visible(offsets, 0), float("-inf"))
+            self._flipped[key] = table.flip(1).contiguous()
+        return self._flipped[key]
+
+    def flipped_rows(self, start, stop, k_stop, causal, dtype):
+        table = self.reversed_table(causal, dtype)
+        return reversed_hankel(table, self.q_len, start, stop, k_stop)
+
+    def kernel_inputs(self, causal):
+        # the kernel masks the future itself: the table without -inf, offsets from `highest`
+        if "offset" not in self._kernel_inputs:
+            highest = self.q_start + self.q_len - 1
+            table = self.reversed_table(False, torch.float32)
+            self._kernel_inputs["offset"] = ("offset_attention", (table, highest))
+        return self._kernel_inputs["offset"]
+
+
+class FIREBias(PreparedBias):
+    r"""FIRE's bias for one shape: the O(n) pieces of :math:`f_\theta(\psi(|i-j|)/\psi(\max(L,i)))`.
+
+    ``psi_table[t]`` is :math:`\psi(|\text{offset}|)` for the offsets of
+    :class:`OffsetTableBias`, ``denominator[r]`` is :math:`\psi(\max(L, i)) + \epsilon`
+    for query row ``r`` at absolute position ``i = q_start + r``, and the MLP weights
+    ``w1, b1`` (``[hidden]``) and ``w2`` (``[heads, hidden]``), ``b2`` (``[heads]``).
+    Built by :meth:`relbias.FIRE.prepare`.
+    """
+
+    def __init__(self, psi_table, denominator, w1, b1, w2, b2, q_len, k_len=None, *, q_start=None):
+        q_len, k_len, q_start = check_lengths(q_len, k_len, q_start)
+        self._init(psi_table, denominator, w1, b1, w2, b2, q_len, k_len, q_start)
+
+    @classmethod
+    def _unchecked(cls, psi_table, denominator, w1, b1, w2, b2, q_len, k_len, q_start):
+        """For :meth:`relbias.FIRE.prepare`, whose lengths are checked already."""
+        prepared = cls.__new__(cls)
+        prepared._init(psi_table, denominator, w1, b1, w2, b2, q_len, k_len, q_start)
+        return prepared
+
+    def _init(self, psi_table, denominator, w1, b1, w2, b2, q_len, k_len, q_start):
+        super().__init__(w2.shape[0], q_len, k_len, q_start, True)
+        self.psi_table, self.denominator = psi_table, denominator
+        self.w1, self.b1, self.w2, self.b2 = w1, b1, w2, b2
+        self.hidden = w1.shape[0]
+        self._aux = {}
+
+    def _tensors(self):
+        return (self.psi_table, self.denominator, self.w1, self.b1, self.w2, self.b2)
+
+    def _mlp(self, x: torch.Tensor) -> torch.Tensor:
+        """f_theta on ``x [...]`` -> ``[heads, ...]``, as FIRE.mlp computes it (no autocast)."""
+        with no_autocast(x.device):
+            hidden = torch.relu(F.linear(x[..., None], self.w1[:, None], self.b1))
+            return F.linear(hidden, self.w2, self.b2).movedim(-1, 0)
+
+    def _dense_bias(self):
+        index = relative_positions(
+            self.q_len, self.k_len, q_start=self.q_start, device=self.psi_table.device
+        ) - (self.q_start - (self.k_len - 1))
+        x = self.psi_table[index] / self.denominator[:, None]
+        return self._mlp(x)
+
+    @property
+    def score_mod_key(self):
+        return ("fire", self.hidden)
+
+    def score_mod(self):
+        psi_table, denominator = self.psi_table, self.denominator
+        w1, b1, w2, b2 = self.w1, self.b1, self.w2, self.b2
+        shift, hidden = self.k_len - 1, self.hidden
+
+        def fire_score_mod(score, b, h, q_idx, kv_idx):
+            x = psi_table[q_idx - kv_idx + shift] / denominator[q_idx]
+            out = b2[h]
+            for u in range(hidden):  # unrolled when compiled: the MLP runs in registers
+                out = out + w2[h, u] * torch.relu(x * w1[u] + b1[u])
+            return score + out
+
+        return fire_score_mod
+
+    def _reversed(self, causal: bool, dtype):
+        key = (causal, dtype, torch.is_grad_enabled())
+        if key not in self._aux:
+            psi = self.psi_table.flip(0).contiguous()
+            lowest = self.q_start - (self.k_len - 1)
+            offsets = torch.arange(lowest + psi.shape[0] - 1, lowest - 1, -1, device=psi.device)
+            future = torch.zeros(offsets.shape, dtype=dtype, device=psi.device)
+            if causal:
+                future = future.masked_fill(~visible(offsets, 0), float("-inf"))
+            self._aux[key] = (psi, future)
+        return self._aux[key]
+
+    def flipped_rows(self, start, stop, k_stop, causal, dtype):
+        psi, future = self._reversed(causal, dtype)
+        x_num = reversed_hankel(psi[None], self.q_len, start, stop, k_stop)[0, 0]
+        fut = reversed_hankel(future[None], self.q_len, start, stop, k_stop)[0, 0]
+        den = self.denominator[start:stop].flip(0)
+        if _use_fused_fire(self):
+            w1, b1, w2, slope, intercept = self.folded_mlp(causal)
+            fused = timed(_fused_fire_block(), ("fire_block", self.num_heads, w1.shape[0]))
+            with no_autocast(psi.device):
+                bias = fused(x_num, fut, den, w1, b1, w2, slope, intercept)
+            return bias.to(dtype)[None]
+        bias = self._mlp(x_num / den[:, None]).to(dtype)
+        return (bias + fut if causal else bias)[None]
+
+    def folded_mlp(self, causal: bool):
+        r"""The MLP with every hidden unit that does not switch on the inputs folded away.
+
+        A hidden unit :math:`\mathrm{relu}(w_u x + b_u)` whose sign does not change
+        for :math:`x` in :math:`[0, x_{\max}]` is either zero there (dropped) or linear
+        (added into ``slope * x + intercept``). Causal attention meets
+        :math:`x \le 1` (:math:`|i - j| \le i \le \max(L, i)`); bidirectional
+        attention the largest value of its tables. Returns ``(w1, b1, w2, slope,
+        intercept)`` for the switching units: the same function, fewer units.
+        """
+        key = ("folded", causal)
+        if key not in self._aux:
+            x_max = 1.0 if causal else float(self.psi_table.max() / self.denominator.min())
+            at_zero, at_max = self.b1, self.w1 * x_max + self.b1
+            linear = (at_zero >= 0) & (at_max >= 0)
+            switching = ~linear & ~((at_zero <= 0) & (at_max <= 0))
+            slope = self.w2[:, linear] @ self.w1[linear]
+            intercept = self.b2 + self.w2[:, linear] @ self.b1[linear]
+            self._aux[key] = (
+                self.w1[switching],
+                self.b1[switching],
+                self.w2[:, switching],
+                slope,
+                intercept,
+            )
+        return self._aux[key]
+
+    def kernel_inputs(self, causal):
+        key = ("fire", causal)
+        if key not in self._kernel_inputs:
+            highest = self.q_start + self.q_len - 1  # the offset of the reversed psi's entry 0
+            psi, _ = self._reversed(False, torch.float32)
+            with no_autocast(psi.device):
+                w1, b1, w2, slope, intercept = self.folded_mlp(causal)
+            psi, inverse, w1, b1, w2, slope, intercept = (
+                t.detach().float().contiguous()
+                for t in (psi, 1.0 / self.denominator, w1, b1, w2, slope, intercept)
+            )
+            args = (psi, highest, inverse, w1, b1, w2, slope, intercept)
+            self._kernel_inputs[key] = ("fire_attention", args)
+        return self._kernel_inputs[key]
+
+
+def _fire_block(x_num, future, den, w1, b1, w2, slope, intercept):
+    """FIRE's bias for a block of rows in one pass: ``[heads, rows, keys]``.
+
+    ``w1, b1, w2, slope, intercept`` come from :meth:`FIREBias.folded_mlp`. The hidden
+    unit ``u`` is computed once per score and shared by all heads (the heads are
+    separate outputs of one loop, which the compiler fuses).
+    """
+    x = x_num / den[:, None]
+    outs = [future + (x * slope[h] + intercept[h]) for h in range(w2.shape[0])]
+    for u in range(w1.shape[0]):
+        hidden = torch.relu(x * w1[u] + b1[u])
+        outs = [out + w2[h, u] * hidden for h, out in enumerate(outs)]
+    return torch.stack(outs)
+
+
+_FUSED_FIRE = []
+#: Evaluate FIRE's block bias with a compiled, fused kernel on the CPU (no gradients).
+FUSE_FIRE = True
+
+
+def _use_fused_fire(bias: FIREBias) -> bool:
+    if not FUSE_FIRE or bias.psi_table.dtype != torch.float32 or bias.device.type != "cpu":
+        return False
+    return not needs_grad(bias)
+
+
+def _fused_fire_block():
+    if not _FUSED_FIRE:
+        _FUSED_FIRE.append(torch.compile(_fire_block, dynamic=True))
+    return _FUSED_FIRE[0]
+
+
+def prepare_bias(bias, q_len, k_len=None, *, q_start=None) -> PreparedBias:
+    """``bias.prepare(q_len, k_len, q_start=q_start)``: kept for the chapters that call it.
+
+    See :meth:`relbias.RelativeBias.prepare`; a prepared bias returns itself.
+    """
+    if not callable(getattr(bias, "prepare", None)) or isinstance(bias, torch.Tensor):
+        raise TypeError(
+            f"bias must be a relbias.RelativeBias or a PreparedBias, got {type(bias).__name__}"
+        )
+    return bias.prepare(q_len, k_len, q_start=q_start)

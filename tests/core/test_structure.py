@@ -1,0 +1,249 @@
+"""The core's shared rules: one backend policy, one gradient test, prepared biases read
+through public methods, no process-wide state, and the small helpers of _checks."""
+
+from __future__ import annotations
+
+import inspect
+import re
+import types
+
+import pytest
+import torch
+from conftest import ATTENTION_HEADS, build, family_bias, qkv
+
+import relbias
+from relbias import biased_attention, choose_backend
+from relbias._checks import check_bool, float64_device, needs_grad
+from relbias.attention import _compile, api, flex, fused, prepared, table
+from relbias.attention.prepared import FIREBias, OffsetTableBias, PreparedBias, prepare_bias
+
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")  # from compiling
+
+HEADS = ATTENTION_HEADS
+
+
+# --- preparing is a method of the bias -------------------------------------------------------
+def test_prepare_is_a_method_of_every_family(family):
+    bias = family_bias(family, True)
+    got = bias.prepare(12, 20, q_start=5)
+    assert isinstance(got, FIREBias if family == "fire" else OffsetTableBias)
+    assert got.offset_only == (family != "fire") == bias.offset_only
+    assert bias.preparable
+    assert (got.q_len, got.k_len, got.q_start) == (12, 20, 5)
+    torch.testing.assert_close(got.materialize(), bias(12, 20, q_start=5))
+    # the chapters' alias calls it, and a prepared bias stands for itself
+    assert torch.equal(prepare_bias(bias, 12, 20, q_start=5).materialize(), got.materialize())
+    assert relbias.prepare_bias is prepare_bias
+    assert got.prepare(12, 20, q_start=5) is got
+    with pytest.raises(ValueError, match="prepared for"):
+        got.prepare(12, 21)
+    with pytest.raises(ValueError, match="q_start"):
+        bias.prepare(3, 5, q_start=-1)
+
+
+def test_a_family_without_a_prepared_form():
+    class Absolute(relbias.RelativeBias):
+        offset_only = False
+
+        def _position_values(self, q_len, k_len, q_start):
+            return torch.zeros(self.num_heads, q_len, k_len)
+
+    bias = Absolute(HEADS)
+    assert not bias.preparable
+    with pytest.raises(TypeError, match="no prepared form"):
+        bias.prepare(4)
+    q, k, v = qkv(4, 4)
+    with torch.no_grad():
+        assert choose_backend(q, k, v, bias) == "materialize"
+        with pytest.raises(ValueError, match="does not support"):
+            biased_attention(q, k, v, bias, backend="table")
+
+
+def test_kernel_inputs_are_public_and_kept():
+    for name in ("t5", "fire"):
+        bias = family_bias(name, True).prepare(10)
+        operator, arguments = bias.kernel_inputs(True)
+        assert operator == ("offset_attention" if name == "t5" else "fire_attention")
+        assert bias.kernel_inputs(True)[1][0] is arguments[0]
+        assert arguments[1] == bias.q_start + bias.q_len - 1  # the highest offset
+    assert PreparedBias(1, 2, 2, 0, True).kernel_inputs(True) is None
+
+
+BACKEND_MODULES = [api, table, flex, fused]
+
+
+@pytest.mark.parametrize("module", BACKEND_MODULES, ids=lambda m: m.__name__)
+def test_backends_read_prepared_biases_through_public_methods(module):
+    """No family type tests, no type tags, no private fields of a prepared bias."""
+    source = inspect.getsource(module)
+    assert "FIRE)" not in source and "_is_fire" not in source
+    assert ".kind" not in source
+    assert not re.search(r"\bbias\._(?!prepare\b)", source), "a private field of the bias"
+    assert "requires_grad for" not in source  # the one gradient test: needs_grad
+
+
+# --- one auto policy ---------------------------------------------------------------------------
+def _fake(device: str, grad: bool = False):
+    """A stand-in for a tensor on a device this machine may not have (the policy reads
+    the device, the dtype and requires_grad)."""
+    return types.SimpleNamespace(
+        device=torch.device(device), dtype=torch.float32, requires_grad=grad
+    )
+
+
+def test_the_auto_policy():
+    t5, alibi = family_bias("t5", True), family_bias("alibi", True)
+    with torch.no_grad():
+        # CUDA without gradients: the O(n) table path (never flex, never an n x n tensor)
+        assert api._choose("auto", *[_fake("cuda")] * 3, t5, False) == "table"
+        assert api._choose("auto", *[_fake("mps")] * 3, t5, False) == "materialize"
+    # CUDA with gradients: materialise (FlexAttention training is not verified)
+    assert api._choose("auto", _fake("cuda", True), _fake("cuda"), _fake("cuda"), alibi, False) == (
+        "materialize"
+    )
+    assert api._choose("auto", *[_fake("cuda")] * 3, t5, False) == "materialize"  # t5 learns
+    q, k, v = qkv(8, 8)
+    assert choose_backend(q, k, v, t5) == "materialize"  # the bias needs a gradient
+    with torch.no_grad():
+        assert choose_backend(q, k, v, t5) == "fused"
+        assert choose_backend(q, k, v, t5, "table") == "table"
+        assert choose_backend(q, k, v, None) == "materialize"
+        _, taken = biased_attention(q, k, v, t5, return_backend=True)
+        assert taken == choose_backend(q, k, v, t5)
+    with pytest.raises(ValueError, match="backend must be one of"):
+        choose_backend(q, k, v, t5, "fast")
+    with pytest.raises(TypeError, match="bias must be"):
+        choose_backend(q, k, v, "alibi")
+
+
+def test_no_module_level_backend_state():
+    for name in ("last_backend", "_set_last_backend", "_LAST_BACKEND", "clear_cache"):
+        assert not hasattr(flex, name), name
+        assert not hasattr(api, name), name
+
+
+def test_table_attention_builds_no_square_tensor(monkeypatch):
+    """The table path (what auto takes on CUDA without gradients) never calls
+    relative_positions nor builds a q_len x k_len index."""
+    import relbias.attention.prepared as prep
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("an n x n index was built")
+
+    monkeypatch.setattr(prep, "relative_positions", refuse)
+    monkeypatch.setattr(api, "causal_mask", refuse)
+    for name in ("t5", "fire"):
+        q, k, v = qkv(50, 50)
+        with torch.no_grad():
+            table.table_attention(q, k, v, family_bias(name, True).prepare(50))
+
+
+# --- q_start is checked once along a call -------------------------------------------------------
+@pytest.mark.parametrize("backend", ["table", "fused"])
+def test_lengths_are_checked_once(backend, monkeypatch):
+    import relbias._checks as checks
+    import relbias.biases.base as base
+
+    calls = []
+    real = checks.check_lengths
+
+    def counted(*args):
+        calls.append(args)
+        return real(*args)
+
+    for module in (api, prepared, base):
+        monkeypatch.setattr(module, "check_lengths", counted)
+    q, k, v = qkv(20, 30)
+    with torch.no_grad():
+        biased_attention(q, k, v, family_bias("t5", True), q_start=4, backend=backend)
+        biased_attention(q, k, v, family_bias("fire", True), q_start=4, backend=backend)
+    assert len(calls) == 2
+
+
+# --- the small shared helpers ---------------------------------------------------------------------
+def test_check_bool():
+    assert check_bool("causal", True) is True
+    for bad in (1, 0, "yes", None):
+        with pytest.raises(TypeError, match="flag must be True or False"):
+            check_bool("flag", bad)
+    q, k, v = qkv(4, 4)
+    with pytest.raises(TypeError, match="causal must be True or False"):
+        biased_attention(q, k, v, causal=1)
+    with pytest.raises(TypeError, match="bidirectional must be True or False"):
+        relbias.ALiBi(2, bidirectional="no")
+
+
+def test_needs_grad():
+    q = torch.zeros(2, requires_grad=True)
+    assert needs_grad(q) and needs_grad(None, torch.zeros(2), q)
+    assert not needs_grad(torch.zeros(2), None, relbias.ALiBi(2))
+    assert needs_grad(build("t5", 2))
+    prepared_bias = build("t5", 2).prepare(4)
+    assert needs_grad(prepared_bias)
+    with torch.no_grad():
+        assert not needs_grad(q, build("t5", 2))
+
+
+def test_float64_device():
+    assert float64_device("mps") == torch.device("cpu")
+    assert float64_device("cpu") == torch.device("cpu")
+    assert float64_device("cuda:1") == torch.device("cuda:1")
+
+
+def test_compile_limits_skip_options_this_torch_lacks(monkeypatch):
+    """An older torch lacks some of dynamo's options: they are skipped, not an error."""
+    monkeypatch.setattr(
+        _compile, "_RECOMPILE_LIMITS", (("no_such_option_in_any_torch", 1), ("another", 2))
+    )
+    call = _compile.timed(lambda x: x + 1, ("test-key-no-such-option",))
+    assert call(1) == 2 and call(2) == 3
+    assert _compile.compile_stats()["per_key"][("test-key-no-such-option",)] >= 0
+    assert flex.compile_stats is _compile.compile_stats
+
+
+# --- ALiBi's slopes and Sandwich's float64 ---------------------------------------------
+def test_alibi_slopes_are_a_float32_buffer_that_follows_the_module():
+    bias = relbias.ALiBi(6)
+    assert "slopes" in dict(bias.named_buffers())
+    assert "slopes" not in bias.state_dict()  # not saved: old checkpoints still load
+    assert torch.equal(bias.slopes, relbias.alibi_slopes(6))
+    slopes = bias.slopes
+    assert bias._offset_values(torch.arange(3)) is not None and bias.slopes is slopes
+    for dtype in (torch.bfloat16, torch.float16):
+        low = relbias.ALiBi(6).to(dtype)
+        assert low.slopes.dtype == torch.float32 and low.dtype == dtype
+        assert torch.equal(low.slopes, relbias.alibi_slopes(6))
+    assert relbias.ALiBi(6).double().slopes.dtype == torch.float64
+    meta = relbias.ALiBi(6).to("meta")
+    assert meta.slopes.device.type == "meta"
+    relbias.ALiBi(6).load_state_dict(relbias.ALiBi(6).state_dict())
+
+
+def test_sandwich_computes_float64_where_the_device_has_it(monkeypatch):
+    """A module on MPS (no float64) computes on the CPU: simulated by sending float64 work
+    of the CPU elsewhere, the values are the same."""
+    import relbias.biases.sandwich as sandwich
+
+    bias = relbias.Sandwich(4, dim=16)
+    expected = bias(9, 13)
+    seen = []
+
+    def where(device):
+        seen.append(torch.device(device).type)
+        return torch.device("cpu")
+
+    monkeypatch.setattr(sandwich, "float64_device", where)
+    assert torch.equal(bias(9, 13), expected)
+    assert seen and bias.head_scales().dtype == torch.float64
+
+
+def test_blocks_on_a_gpu_bound_the_mask_copy():
+    """CUDA's attention kernels copy a strided mask into an aligned one: off the CPU the
+    table path keeps every block's mask small, causal or not (here on the meta device)."""
+    heads, n = 8, 8192
+    on_cpu = OffsetTableBias(torch.zeros(heads, 2 * n - 1), n)
+    on_gpu = OffsetTableBias(torch.zeros(heads, 2 * n - 1, device="meta"), n)
+    assert table.default_block_rows(on_cpu, causal=False) == n
+    for causal in (True, False):
+        rows = table.default_block_rows(on_gpu, causal=causal)
+        assert rows * heads * n <= table.DEVICE_BLOCK_ENTRIES and rows >= 16

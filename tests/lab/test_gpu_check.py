@@ -1,0 +1,57 @@
+"""scripts/gpu_check.py: the parts that run without a GPU, on a tiny size."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "scripts" / "gpu_check.py"
+
+
+def _run(*args, tmp_path):
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    return subprocess.run(
+        [sys.executable, str(SCRIPT), "--out", str(tmp_path), *args],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+    )
+
+
+@pytest.mark.slow
+def test_cpu_stages_run_and_write_one_report(tmp_path):
+    proc = _run(
+        "--device", "cpu", "--smoke", "--methods", "alibi", "fire", "--budget", "300",
+        tmp_path=tmp_path,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads((tmp_path / "gpu_check.json").read_text())
+    stages = report["stages"]
+    assert list(stages) == ["env", "train", "train_t4", "flex", "flex_speed", "cpu_vs_gpu"]
+    assert stages["env"]["torch"] and stages["env"]["autocast_dtype"] == "None"
+    for method in ("alibi", "fire"):
+        row = stages["train"]["methods"][method]
+        assert row["finite"] and set(row["bpb"]) == {"1", "2"}, row
+        assert stages["cpu_vs_gpu"]["methods"][method]["cpu"]
+    assert stages["train_t4"] == {"seconds": stages["train_t4"]["seconds"], "skipped": "needs CUDA"}
+    cases = stages["flex"]["cases"]
+    assert {c["family"] for c in cases} >= {"alibi", "t5", "fire"}
+    for case in cases:
+        assert "error" not in case, case
+        assert case["out_max_abs_err"] < (1e-4 if case["dtype"] == "float32" else 0.1), case
+
+
+def test_bad_arguments_are_usage_errors(tmp_path):
+    for args, option in (
+        (["--stages", "env,warp"], "--stages"),
+        (["--steps", "0"], "--steps"),
+        (["--budget", "-1"], "--budget"),
+    ):
+        proc = _run(*args, tmp_path=tmp_path)
+        assert proc.returncode == 2, (args, proc.stderr)
+        assert option in proc.stderr and "Traceback" not in proc.stderr
