@@ -4,11 +4,11 @@
         [--tile 1024 --strip 256] [--cold] [--churn]
 
 Times, interleaved round by round, plain causal ``scaled_dot_product_attention`` (the
-floor), ``table_attention`` with its default strategy (tiles of ``flex.TILE_ROWS`` rows
+floor), ``table_attention`` with its default strategy (tiles of ``table.TILE_ROWS`` rows
 for long float32 sequences: past keys in one call, the causal triangle in strips,
 joined by log-sum-exp) and ``table_attention(block_rows=...)`` (the blocks of rows with
 ``-inf`` for future keys that tiles replace; ``--block-rows``, by default
-``flex.default_block_rows``). ``--cold`` evicts the caches before every call, as
+``table.default_block_rows``). ``--cold`` evicts the caches before every call, as
 the big materialising calls of ``python -m relbias.bench`` do; ``--churn`` allocates and
 frees half a gigabyte before every call, as those calls also do, after which memory that
 a call allocates afresh page-faults. Prints medians, each median's ratio to the floor's
@@ -25,8 +25,8 @@ import time
 import torch
 from torch.nn import functional as F
 
-from relbias import BIAS_NAMES, make_bias
-from relbias.attention import flex
+from relbias import BIAS_NAMES, make_bias, prepare_bias
+from relbias.attention import table
 
 
 def _time_calls(args) -> dict:
@@ -37,11 +37,11 @@ def _time_calls(args) -> dict:
     calls = {"floor": lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True)}
     with torch.no_grad():
         for family in args.families:
-            prepared = flex.prepare_bias(make_bias(family, args.heads), args.n)
-            rows = args.block_rows or flex.default_block_rows(prepared)
-            calls[f"{family} tiles"] = lambda p=prepared: flex.table_attention(q, k, v, p)
+            prepared = prepare_bias(make_bias(family, args.heads), args.n)
+            rows = args.block_rows or table.default_block_rows(prepared)
+            calls[f"{family} tiles"] = lambda p=prepared: table.table_attention(q, k, v, p)
             calls[f"{family} blocks of {rows}"] = lambda p=prepared, rows=rows: (
-                flex.table_attention(q, k, v, p, block_rows=rows)
+                table.table_attention(q, k, v, p, block_rows=rows)
             )
         seconds = {name: [] for name in calls}
         faults = {name: [] for name in calls}
@@ -72,8 +72,8 @@ def main(argv=None) -> int:
         choices=[name for name in BIAS_NAMES if name != "fire"],
     )
     parser.add_argument("--rounds", type=int, default=12, help="timed rounds")
-    parser.add_argument("--tile", type=int, default=flex.TILE_ROWS, help="flex.TILE_ROWS")
-    parser.add_argument("--strip", type=int, default=flex.STRIP_ROWS, help="flex.STRIP_ROWS")
+    parser.add_argument("--tile", type=int, default=table.TILE_ROWS, help="table.TILE_ROWS")
+    parser.add_argument("--strip", type=int, default=table.STRIP_ROWS, help="table.STRIP_ROWS")
     parser.add_argument(
         "--block-rows", type=int, default=None, help="rows per block of the block strategy"
     )
@@ -89,13 +89,13 @@ def main(argv=None) -> int:
             parser.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     if args.tile % args.strip:
         parser.error(f"--tile ({args.tile}) must be a multiple of --strip ({args.strip})")
-    saved = flex.TILE_ROWS, flex.STRIP_ROWS
-    flex.TILE_ROWS, flex.STRIP_ROWS = args.tile, args.strip
+    saved = table.TILE_ROWS, table.STRIP_ROWS
+    table.TILE_ROWS, table.STRIP_ROWS = args.tile, args.strip
     torch.set_flush_denormal(True)  # as the benchmark: strong biases underflow exp
     try:
         seconds, faults = _time_calls(args)
     finally:
-        flex.TILE_ROWS, flex.STRIP_ROWS = saved
+        table.TILE_ROWS, table.STRIP_ROWS = saved
         torch.set_flush_denormal(False)  # PyTorch's default; there is no getter
     floor = statistics.median(seconds["floor"])
     print(

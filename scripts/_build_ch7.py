@@ -113,7 +113,7 @@ R_{t\theta} = \begin{pmatrix}
 \end{pmatrix}
 $$ (eq-ch7-rope)
 
-(the book's Eqs. 2.85-2.89): the row vector $\mathbf{x}$ is cut into $d/2$ pairs of
+(the book's Eq. 2.85 and the matrices after it): the row vector $\mathbf{x}$ is cut into $d/2$ pairs of
 dimensions $(x_{2k-1}, x_{2k})$, and pair $k$ turns by the angle $t\theta_k$, with
 
 $$
@@ -245,7 +245,8 @@ times the training length is flat up to position $m_l$ and jumps right after it.
 
 code(r'''
 sweep = load_results("quick_extrapolation")
-fig, (ax0, ax1) = nb.figure(13, 3.8, ncols=2)
+fig, axes = nb.figure(13, 3.8, ncols=2)
+ax0, ax1 = axes.flat
 positions = np.arange(1, 16 * m_l)
 for k, th in enumerate(theta.tolist(), start=1):
     ax0.plot(positions, positions * th / (2 * math.pi), lw=1.2, label=f"pair {k}")
@@ -418,7 +419,7 @@ and at $s = 16$ it multiplies every score by {glue:text}`ch7_yarn_temp16:.3f`.
 The explorer draws the angle of one pair against the position for every scaling. The
 shaded band is what training showed that pair: angles up to $(m_l - 1)\theta_k$, or the
 whole circle when the pair turns at least once (then the band is not drawn). Move the pair,
-the scale $s$ and the length read; the static page shows the slowest pair at $s = 16$.
+the scale $s$ and the length read; the static page shows pair 4 at $s = 16$.
 """)
 
 code(r'''
@@ -441,21 +442,22 @@ def draw_angles(pair=8, factor=16.0, length=1024):
     return fig
 
 
-nb.show(draw_angles(d // 2, 16.0, 16 * m_l))
+nb.show(draw_angles(4, 16.0, 16 * m_l))
 ''')
 
 code(r'''
 nb.explorer(draw_angles, title="RoPE angles with each scaling", pair=(1, d // 2),
             factor=(1.0, 32.0, 0.5), length=(m_l, 32 * m_l, m_l),
-            initial={"pair": d // 2, "factor": 16.0, "length": 16 * m_l})
+            initial={"pair": 4, "factor": 16.0, "length": 16 * m_l})
 ''')
 
 md(r"""
-Without scaling (blue) the slowest pair leaves the band right after the training length.
-Linear interpolation and YaRN keep it inside up to $s\,m_l$ tokens; NTK brings it to the
-edge ($\lambda$ is chosen so that the slowest pair is interpolated by exactly $s$); dynamic
-NTK does the same for whatever length is read. For a fast pair (move the slider to 1), the
-story turns around: it has seen every angle, and only linear interpolation changes it.
+Pair 4 turns less than once within the training length. Without scaling (blue) it leaves
+the band right after $m_l$. Linear interpolation and YaRN (which interpolates this pair
+fully) keep it inside up to $s\,m_l$ tokens. NTK and dynamic NTK slow it down by less than
+$s$, so it leaves the band again, later: base scaling brings only the *slowest* pair exactly
+to the edge (move the slider to pair 8). A fast pair (pair 1) has seen every angle, and only
+linear interpolation changes it.
 
 ## The experiment
 

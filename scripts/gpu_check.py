@@ -165,7 +165,8 @@ def stage_train_t4(ctx, budget: Budget) -> dict:
     total = torch.cuda.get_device_properties(device).total_memory
     fraction = min(1.0, T4_MEMORY_BYTES / total)
     original = training.autocast_dtype
-    torch.cuda.set_per_process_memory_fraction(fraction, device)
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    torch.cuda.set_per_process_memory_fraction(fraction, index)
     training.autocast_dtype = lambda dev: (
         torch.float16 if torch.device(dev).type == "cuda" else None
     )
@@ -176,7 +177,7 @@ def stage_train_t4(ctx, budget: Budget) -> dict:
         return out
     finally:
         training.autocast_dtype = original
-        torch.cuda.set_per_process_memory_fraction(1.0, device)
+        torch.cuda.set_per_process_memory_fraction(1.0, index)
         torch.cuda.empty_cache()
 
 
@@ -241,7 +242,7 @@ def stage_flex(ctx, budget: Budget) -> dict:
     heads, dim = 8, 64
     before = _compile_stats()
     rows = []
-    for name in relbias.BIAS_NAMES:
+    for name in ctx.families:
         for dtype in (torch.float32, torch.bfloat16):
             for n in ctx.flex_lengths:
                 case = {"family": name, "dtype": str(dtype).replace("torch.", ""), "n": n}
@@ -323,7 +324,7 @@ def stage_flex_speed(ctx, budget: Budget) -> dict:
             torch.randn(1, heads, n, dim, generator=gen).to(device, torch.bfloat16)
             for _ in range(3)
         ]
-        for name in ("none", *relbias.BIAS_NAMES):
+        for name in ("none", *ctx.families):
             case = {"family": name, "n": n}
             if budget.left() <= 0:
                 rows.append({**case, "skipped": "time budget spent"})
@@ -397,7 +398,7 @@ def stage_cpu_vs_gpu(ctx, budget: Budget) -> dict:
                 finally:
                     training.autocast_dtype = original
                 row[label] = {str(r["factor"]): r["bpb"] for r in evals}
-            for label in row:
+            for label in list(row):
                 if label != "cpu":
                     row[f"{label}_minus_cpu"] = {
                         f: row[label][f] - row["cpu"][f] for f in row["cpu"]
@@ -423,9 +424,10 @@ class Context:
     def __init__(self, args):
         self.device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
         self.methods = args.methods
+        self.families = args.families
         self.steps = args.steps
         self.factors = (1, 4, 16)
-        self.flex_lengths = (256, 2048)
+        self.flex_lengths = tuple(args.flex_lengths)
         self.speed_lengths = (4096, 16384, 32768)
         overrides = {}
         if args.smoke:
@@ -450,6 +452,15 @@ def parse_args(argv=None):
     p.add_argument("--device", help="cuda (default when available) or cpu")
     p.add_argument("--stages", default=",".join(STAGES), help=f"comma-separated, of {STAGES}")
     p.add_argument("--methods", nargs="+", default=["alibi", "t5", "fire", "nope"])
+    p.add_argument(
+        "--families",
+        nargs="+",
+        default=list(relbias.BIAS_NAMES),
+        choices=relbias.BIAS_NAMES,
+        metavar="FAMILY",
+        help="bias families of the flex stages (default: all)",
+    )
+    p.add_argument("--flex-lengths", type=int, nargs="+", default=[256, 2048], metavar="N")
     p.add_argument("--steps", type=int, default=100)
     p.add_argument("--budget", type=float, default=480.0, help="seconds for all stages together")
     p.add_argument("--smoke", action="store_true", help="tiny sizes, for a CPU test")
@@ -458,6 +469,8 @@ def parse_args(argv=None):
     unknown = sorted(set(stages) - set(STAGES))
     if unknown:
         p.error(f"--stages: unknown {unknown}; choose from {STAGES}")
+    if min(args.flex_lengths) < 1:
+        p.error(f"--flex-lengths must be >= 1, got {args.flex_lengths}")
     if args.steps < 1:
         p.error(f"--steps must be >= 1, got {args.steps}")
     if not args.budget > 0:

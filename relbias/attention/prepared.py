@@ -315,15 +315,22 @@ class FIREBias(PreparedBias):
         return ("fire", self.hidden)
 
     def score_mod(self):
-        psi_table, denominator = self.psi_table, self.denominator
-        w1, b1, w2, b2 = self.w1, self.b1, self.w2, self.b2
-        shift, hidden = self.k_len - 1, self.hidden
+        psi_table, denominator, b2 = self.psi_table, self.denominator, self.b2
+        shift = self.k_len - 1
+        # One captured tensor per hidden unit: FlexAttention's backward cannot index one
+        # tensor that needs a gradient more than once in a score_mod (torch 2.11, CUDA),
+        # so w1, b1 and w2 are split into copied scalars and columns (gradients flow back
+        # through the copies).
+        units = [
+            (self.w1[u].clone(), self.b1[u].clone(), self.w2[:, u].clone())
+            for u in range(self.hidden)
+        ]
 
         def fire_score_mod(score, b, h, q_idx, kv_idx):
             x = psi_table[q_idx - kv_idx + shift] / denominator[q_idx]
             out = b2[h]
-            for u in range(hidden):  # unrolled when compiled: the MLP runs in registers
-                out = out + w2[h, u] * torch.relu(x * w1[u] + b1[u])
+            for w1_u, b1_u, w2_u in units:  # unrolled when compiled: the MLP runs in registers
+                out = out + w2_u[h] * torch.relu(x * w1_u + b1_u)
             return score + out
 
         return fire_score_mod

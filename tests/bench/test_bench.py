@@ -103,7 +103,7 @@ def _table_tiles():
 def test_table_tiles_script_runs_and_restores_settings(capsys):
     """benchmarks/table_tiles.py at a tiny size: it prints every strategy and leaves
     flex's tile sizes as they were."""
-    from relbias.attention import flex
+    from relbias.attention import table as flex
 
     before = flex.TILE_ROWS, flex.STRIP_ROWS
     code = _table_tiles().main(
