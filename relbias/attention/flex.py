@@ -122,6 +122,12 @@ def flex_attention_with_bias(q, k, v, bias: PreparedBias | None, *, causal=True,
         raise TypeError(
             f"backend='flex' needs q, k, v in one of {[str(d) for d in FLEX_DTYPES]}, got {q.dtype}"
         )
+    if bias is not None and not bias.score_mod_trainable and needs_grad(q, k, v, bias):
+        raise RuntimeError(
+            f"backend='flex' cannot compute gradients for {type(bias).__name__}: "
+            "FlexAttention's backward does not compile its score_mod (measured with torch "
+            "2.11 on a GPU); use backend='materialize' for training, or torch.no_grad()"
+        )
     if q.device.type == "cpu" and needs_grad(q, k, v, bias):
         raise RuntimeError(
             "backend='flex' cannot compute gradients on the CPU (PyTorch has no CPU "

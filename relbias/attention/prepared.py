@@ -83,6 +83,9 @@ class PreparedBias:
         """A FlexAttention ``score_mod`` adding this bias to a score."""
         raise NotImplementedError
 
+    #: Whether FlexAttention's backward compiles this ``score_mod`` (measured on a GPU).
+    score_mod_trainable = True
+
     def flipped_rows(self, start: int, stop: int, k_stop: int, causal: bool, dtype):
         """The bias of query rows ``stop-1, ..., start`` (reversed) and keys ``0 .. k_stop-1``.
 
@@ -275,6 +278,11 @@ class FIREBias(PreparedBias):
     ``w1, b1`` (``[hidden]``) and ``w2`` (``[heads, hidden]``), ``b2`` (``[heads]``).
     Built by :meth:`relbias.FIRE.prepare`.
     """
+
+    #: FlexAttention's backward failed to compile FIRE's ``score_mod`` (an AssertionError
+    #: lowering ``flex_attention_backward``, torch 2.11 on an H200,
+    #: benchmarks/results/gpu_check_h200.json); its forward agrees with the dense path.
+    score_mod_trainable = False
 
     def __init__(self, psi_table, denominator, w1, b1, w2, b2, q_len, k_len=None, *, q_start=None):
         q_len, k_len, q_start = check_lengths(q_len, k_len, q_start)

@@ -105,7 +105,9 @@ def _config(parser: argparse.ArgumentParser, args, argv) -> BenchConfig:
     backward_max = args.backward_max
     if args.quick and lengths:
         backward_max = min(backward_max, max(lengths))
-    out = args.out or "benchmarks/results/" + ("cpu-quick.json" if args.quick else "cpu.json")
+    out = args.out
+    if out is None:
+        out = "benchmarks/results/" + ("cpu-quick.json" if args.quick else "cpu.json")
     settings = dict(
         lengths=list(lengths),
         families=args.families or list(BIAS_NAMES),

@@ -79,7 +79,7 @@ def memory_worker(spec: dict) -> list[dict]:
             try:
                 module = bias_module(family, heads, spec["seed"]) if family else None
                 row.update(_peak(runner(method, family, module, heads), q, k, v))
-            except Exception as err:  # noqa: BLE001
+            except Exception as err:
                 row["error"] = f"{type(err).__name__}: {err}"[:300]
             rows.append(row)
             gc.collect()

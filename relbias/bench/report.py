@@ -164,7 +164,7 @@ def _versions() -> dict:
             from importlib.metadata import version
 
             out["x_transformers"] = version("x-transformers")
-        except Exception:  # noqa: BLE001
+        except Exception:
             pass
     return out
 

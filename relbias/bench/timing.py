@@ -87,7 +87,7 @@ def time_family(n, family, methods, config: BenchConfig, backward, floor_samples
         try:
             wall, _, out = time_call(fn, backward)
             out = None if method == "sdpa" else out
-        except Exception as err:  # noqa: BLE001 - record and go on
+        except Exception as err:  # record and go on
             entries[method] = {"error": f"{type(err).__name__}: {err}"[:300]}
             del runners[method]
             continue

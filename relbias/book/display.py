@@ -198,7 +198,7 @@ def _pasteable(text: str) -> str:
     """
     try:
         value = ast.literal_eval(text)
-    except Exception:  # noqa: BLE001 - anything it cannot read is pasted as it is
+    except Exception:  # anything it cannot read is pasted as it is
         return text
     return text if str(value) == text else repr(text)
 

@@ -43,7 +43,7 @@ def _use_png_figures() -> None:
     if shell is not None and hasattr(shell, "run_line_magic"):
         try:
             shell.run_line_magic("config", "InlineBackend.figure_formats = ['png']")
-        except Exception:  # noqa: BLE001 - a shell without the inline backend
+        except Exception:  # a shell without the inline backend
             pass
 
 

@@ -70,7 +70,7 @@ def explorer(draw: Callable, *, title: str = "explorer", initial: dict | None = 
             from google.colab import output
 
             output.enable_custom_widget_manager()
-        except Exception:  # noqa: BLE001 - an older Colab: the sliders may not show
+        except Exception:  # an older Colab: the sliders may not show
             pass
     boxes = {name: _control(name, spec) for name, spec in controls.items()}
     for name, value in (initial or {}).items():
@@ -96,7 +96,7 @@ def explorer(draw: Callable, *, title: str = "explorer", initial: dict | None = 
 _EXPLORER_CLASS = None
 
 
-def _Explorer(children, *, description: str):  # noqa: N802 - builds an instance
+def _Explorer(children, *, description: str):  # capitalised: it builds an instance
     """An ``ipywidgets.VBox`` whose text form is a fixed description (stable outputs)."""
     global _EXPLORER_CLASS
     if _EXPLORER_CLASS is None:

@@ -292,10 +292,19 @@ def plot_interpolation(results: dict, *, steps: str | None = None, axes=None):
     for ax, cells_by_name, title in panels:
         for name, cells in cells_by_name.items():
             x = [int(n) for n in cells]
-            ax.plot(x, [c["mean"] for c in cells.values()], "o-", ms=3, label=name)
-            ax.fill_between(
-                x, [c["min"] for c in cells.values()], [c["max"] for c in cells.values()], alpha=0.2
+            color = f"C{SCALINGS.index(name)}" if name in SCALINGS else None
+            dashed = name == "dynamic"  # NTK and dynamic coincide when whole windows are read
+            ax.plot(
+                x,
+                [c["mean"] for c in cells.values()],
+                marker="o",
+                ms=3,
+                ls="--" if dashed else "-",
+                color=color,
+                label=name,
             )
+            lows, highs = [c["min"] for c in cells.values()], [c["max"] for c in cells.values()]
+            ax.fill_between(x, lows, highs, color=color, alpha=0.2)
         ax.axvline(train_len, color="grey", lw=0.8)
         ax.set_xscale("log", base=2)
         ax.set_xlabel("evaluation length (grey: training length)")

@@ -26,7 +26,6 @@ some CUDA kernels have no deterministic version.
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import os
 import platform
@@ -40,6 +39,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from relbias._stored import read_json, write_json
 from relbias.biases.kerple import project_after_steps
 from relbias.lab.data import eval_windows, make_recall_batch, random_windows
 from relbias.lab.model import TinyLM, lm_loss
@@ -520,11 +520,9 @@ def _git_commit() -> str | None:
 
 
 def save_results(results: dict, path) -> Path:
-    """Write ``results`` as JSON (creating folders); returns the path."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(results, indent=1) + "\n")
-    return path
+    """Write ``results`` as JSON (creating folders, atomically: a killed run never leaves
+    a truncated file); returns the path."""
+    return write_json(results, path)
 
 
 def load_results(path_or_name) -> dict:
@@ -532,14 +530,7 @@ def load_results(path_or_name) -> dict:
 
     ``load_results("quick_extrapolation")`` reads ``relbias/lab/results/quick_extrapolation.json``.
     """
-    path = Path(path_or_name)
-    if not path.exists():
-        stored = RESULTS_DIR / f"{path_or_name}.json"
-        if not stored.exists():
-            names = sorted(p.stem for p in RESULTS_DIR.glob("*.json"))
-            raise FileNotFoundError(f"no result file {path_or_name!r}; stored results: {names}")
-        path = stored
-    return json.loads(path.read_text())
+    return read_json(path_or_name, RESULTS_DIR, what="result")
 
 
 # --- learned-bias read-back ------------------------------------------------------------

@@ -10,6 +10,7 @@ import sys
 import pytest
 
 from relbias import bench
+from relbias.bench import cli
 
 
 @pytest.mark.parametrize(
@@ -35,7 +36,11 @@ from relbias import bench
         (["--bogus"], "unrecognized arguments: --bogus"),
     ],
 )
-def test_bad_options_are_usage_errors(argv, message, capsys):
+def test_bad_options_are_usage_errors(argv, message, capsys, monkeypatch):
+    def no_run(config, log):  # an option accepted by mistake must not start a benchmark
+        raise AssertionError(f"accepted {argv}")
+
+    monkeypatch.setattr(cli, "run", no_run)
     with pytest.raises(SystemExit) as err:
         bench.main(argv)
     assert err.value.code == 2

@@ -264,6 +264,46 @@ def test_flex_refuses_cpu_gradients():
         biased_attention(q, k, v, relbias.ALiBi(HEADS), q_start=20, backend="flex")
 
 
+def test_flex_refuses_gradients_for_fire_whose_backward_does_not_compile():
+    q, k, v = qkv(48, 80, grad=True)
+    with pytest.raises(RuntimeError, match="cannot compute gradients for FIREBias"):
+        biased_attention(q, k, v, relbias.FIRE(HEADS), q_start=20, backend="flex")
+
+
+def test_flex_retries_with_small_kernel_options_when_out_of_resource(monkeypatch):
+    """Triton's default configuration can need more shared memory than a GPU has (seen
+    on an H200, 16-bit inputs): the call is compiled again with smaller blocks."""
+    from torch.nn.attention.flex_attention import flex_attention
+
+    from relbias.attention import flex as flex_module
+
+    seen = []
+
+    def fake_compiled(q, k, v, *, score_mod=None, block_mask=None, kernel_options=None):
+        seen.append(kernel_options)
+        if kernel_options is None:
+            raise RuntimeError("No valid triton configs. OutOfMemoryError: out of resource")
+        return flex_attention(q, k, v, score_mod=score_mod, block_mask=block_mask)
+
+    monkeypatch.setattr(flex_module, "_compiled_flex", lambda: fake_compiled)
+    monkeypatch.setattr(flex_module, "_SMALL_KERNEL_KEYS", set())
+    q, k, v = qkv(40, 40)
+    bias = relbias.ALiBi(HEADS)
+    out = biased_attention(q, k, v, bias, backend="flex")
+    ref = biased_attention(q, k, v, bias, backend="materialize")
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+    assert seen == [None, flex_module.SMALL_KERNEL_OPTIONS]
+    biased_attention(q, k, v, bias, backend="flex")  # remembered: straight to small options
+    assert seen[-1] == flex_module.SMALL_KERNEL_OPTIONS and len(seen) == 3
+
+    def other_failure(*args, **kwargs):
+        raise RuntimeError("something else")
+
+    monkeypatch.setattr(flex_module, "_compiled_flex", lambda: other_failure)
+    with pytest.raises(RuntimeError, match="something else"):
+        biased_attention(*qkv(24, 24), bias, backend="flex")
+
+
 @pytest.mark.parametrize(
     "q_len,k_len,q_start", [(300, 300, 0), (100, 300, 200), (130, 260, 7), (1, 129, 128)]
 )
