@@ -78,6 +78,17 @@ def assert_close(actual, expected):
     torch.testing.assert_close(actual, expected, rtol=2e-5, atol=2e-5)
 
 
+def assert_backend_matches_materialise(backend, q, k, v, bias, **kwargs):
+    """``backend`` runs (it is the one taken) and equals the materialised bias, no grad."""
+    with torch.no_grad():
+        expected = relbias.biased_attention(q, k, v, bias, backend="materialize", **kwargs)
+        got, taken = relbias.biased_attention(
+            q, k, v, bias, backend=backend, return_backend=True, **kwargs
+        )
+    assert taken == backend
+    assert_close(got, expected)
+
+
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)

@@ -437,6 +437,24 @@ def default_distances(seq_len: int) -> list[int]:
     return out
 
 
+def largest_that_fits(run, sizes):
+    """``(size, run(size))`` for the first of ``sizes`` (largest first) whose run fits in
+    the device's memory: a CUDA out-of-memory error moves on to the next size, so a
+    chapter's long evaluation sizes itself to the GPU it finds (a T4's 15 GB or more).
+    Any other error, or running out at the last size, is raised."""
+    sizes = list(sizes)
+    if not sizes:
+        raise ValueError("sizes must name at least one size")
+    for i, size in enumerate(sizes):
+        try:
+            return size, run(size)
+        except torch.cuda.OutOfMemoryError:
+            if i == len(sizes) - 1:
+                raise
+            torch.cuda.empty_cache()
+    raise AssertionError("unreachable")
+
+
 @torch.no_grad()
 def evaluate_retrieval(
     model: TinyLM,

@@ -16,6 +16,7 @@ from conftest import (
     ATTENTION_HEADS,
     ATTENTION_SHAPES,
     FAMILY_KWARGS,
+    assert_backend_matches_materialise,
     assert_close,
     build,
     family_bias,
@@ -231,15 +232,7 @@ def test_flex_matches_materialise(causal, q_len, k_len, q_start):
     families = FAMILIES if q_len != 150 else ["alibi", "t5"]  # one more length, offset kernel
     for name in families:
         bias = family_bias(name, causal)
-        with torch.no_grad():
-            expected = biased_attention(
-                q, k, v, bias, causal=causal, q_start=q_start, backend="materialize"
-            )
-            got, backend = biased_attention(
-                q, k, v, bias, causal=causal, q_start=q_start, backend="flex", return_backend=True
-            )
-        assert backend == "flex"
-        assert_close(got, expected)
+        assert_backend_matches_materialise("flex", q, k, v, bias, causal=causal, q_start=q_start)
 
 
 def test_flex_compiles_once_per_shape():

@@ -19,6 +19,7 @@ from conftest import (
     ATTENTION_HEADS,
     ATTENTION_SHAPES,
     FAMILY_KWARGS,
+    assert_backend_matches_materialise,
     assert_close,
     family_bias,
     qkv,
@@ -60,15 +61,7 @@ def test_the_kernel_builds_here():
 def test_fused_matches_materialise(family, causal, q_len, k_len, q_start, blocks):
     bias = family_bias(family, causal)
     q, k, v = qkv(q_len, k_len)
-    with torch.no_grad():
-        expected = biased_attention(
-            q, k, v, bias, causal=causal, q_start=q_start, backend="materialize"
-        )
-        got, backend = biased_attention(
-            q, k, v, bias, causal=causal, q_start=q_start, backend="fused", return_backend=True
-        )
-    assert backend == "fused"
-    assert_close(got, expected)
+    assert_backend_matches_materialise("fused", q, k, v, bias, causal=causal, q_start=q_start)
 
 
 @pytest.mark.parametrize("family", ["t5", "fire"])

@@ -16,6 +16,7 @@ from relbias.lab.training import (
     evaluate_lengths,
     evaluate_retrieval,
     get_config,
+    largest_that_fits,
     learned_bias,
     learned_bias_from_results,
     load_results,
@@ -247,3 +248,22 @@ def test_learned_bias_from_results():
     }
     tables = learned_bias_from_results(stored)
     assert list(tables) == ["alibi"] and tables["alibi"].shape == (2, 2)
+
+
+def test_largest_that_fits_steps_down_on_out_of_memory():
+    tried = []
+
+    def run(size):
+        tried.append(size)
+        if size > 16:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory")
+        return size * 2
+
+    assert largest_that_fits(run, [64, 32, 16, 8]) == (16, 32)
+    assert tried == [64, 32, 16]
+    with pytest.raises(torch.cuda.OutOfMemoryError):
+        largest_that_fits(run, [64, 32])
+    with pytest.raises(ValueError, match="sizes"):
+        largest_that_fits(run, [])
+    with pytest.raises(ZeroDivisionError):  # other errors are not swallowed
+        largest_that_fits(lambda size: 1 / 0, [2, 1])
