@@ -25,6 +25,7 @@ from relbias.biases.base import RelativeBias
 __all__ = [
     "BACKENDS",
     "CPU_INFERENCE_BACKENDS",
+    "CPU_TRAINING_BACKENDS",
     "biased_attention",
     "causal_mask",
     "choose_backend",
@@ -34,11 +35,14 @@ BACKENDS = ("auto", "materialize", "table", "flex", "fused")
 
 #: What ``backend="auto"`` takes on the CPU when no gradient is needed, in order of
 #: preference: the first that can compute the attention. Measured on a 2-core CPU
-#: (benchmarks/results/cpu.json): the fused kernel (:mod:`relbias.attention.fused`, float32,
-#: where a C++ compiler could build it) runs nearest the speed of bias-free attention, the
-#: strided-table path next; FlexAttention's CPU kernel (forward only) is about 3x
-#: slower than bias-free attention even with no bias.
+#: (benchmarks/results/cpu.json): the fused kernel (:mod:`relbias.attention.fused`, float32
+#: or bfloat16, where a C++ compiler could build it) runs nearest the speed of bias-free
+#: attention, the strided-table path next; FlexAttention's CPU kernel (forward only) is
+#: about 3x slower than bias-free attention even with no bias.
 CPU_INFERENCE_BACKENDS = ("fused", "table")
+#: ... and when a gradient is needed (training): the fused kernel's backward, else the
+#: materialised bias (the table path and FlexAttention have no CPU backward).
+CPU_TRAINING_BACKENDS = ("fused", "materialize")
 
 
 def _check_qkv(q, k, v) -> None:
@@ -120,15 +124,16 @@ def choose_backend(q, k, v, bias=None, backend="auto", *, return_weights=False) 
 
     * ``"materialize"`` for ``return_weights=True``, no bias or a dense tensor bias, a
       dtype other than float32/bfloat16/float16, or a family with no prepared form;
-    * ``"materialize"`` whenever a gradient is needed (grad mode on and ``q``, ``k``,
-      ``v`` or the bias requires one), on every device: the fast paths are forward
-      only or unverified in training (FlexAttention training has not been verified on
-      a GPU, so ``auto`` never takes it);
-    * on the CPU without gradients, the first of :data:`CPU_INFERENCE_BACKENDS` that
-      can run: the fused kernel (float32, where it could be built), else ``"table"``;
-    * on CUDA without gradients, ``"table"``: the O(n) table through strided masks,
-      which never builds a ``q_len x k_len`` index or bias tensor;
-    * on any other device, ``"materialize"``.
+    * on the CPU, the first of :data:`CPU_TRAINING_BACKENDS` that can run when a
+      gradient is needed (grad mode on and ``q``, ``k``, ``v`` or the bias requires
+      one), else the first of :data:`CPU_INFERENCE_BACKENDS`: the fused kernel
+      (float32 or bfloat16, where it could be built), else ``"materialize"`` (training)
+      or ``"table"`` (inference);
+    * on any other device, ``"materialize"`` whenever a gradient is needed
+      (FlexAttention training has not been verified on a GPU, so ``auto`` never takes
+      it); without gradients ``"table"`` on CUDA (the O(n) table through strided masks,
+      which never builds a ``q_len x k_len`` index or bias tensor), else
+      ``"materialize"``.
     """
     _check_qkv(q, k, v)
     _check_bias_type(bias)
@@ -158,16 +163,17 @@ def _choose(backend, q, k, v, bias, return_weights) -> str:
         return backend
     if return_weights or not preparable or q.dtype not in FLEX_DTYPES:
         return "materialize"
-    if needs_grad(q, k, v, bias):
-        return "materialize"
-    if q.device.type == "cuda":
-        return "table"
+    training = needs_grad(q, k, v, bias)
     if q.device.type == "cpu":
         from relbias.attention import fused  # built on first use
 
-        for name in CPU_INFERENCE_BACKENDS:
-            if name != "fused" or (q.dtype == torch.float32 and fused.available()):
+        for name in CPU_TRAINING_BACKENDS if training else CPU_INFERENCE_BACKENDS:
+            if name != "fused" or (q.dtype in fused.DTYPES and fused.available()):
                 return name
+    if training:
+        return "materialize"
+    if q.device.type == "cuda":
+        return "table"
     return "materialize"
 
 
@@ -205,11 +211,13 @@ def biased_attention(
     table through a strided view (FIRE: block by block), with no ``q_len x k_len``
     tensor (:mod:`relbias.attention.table`); ``"flex"`` computes it inside a compiled
     FlexAttention kernel (:mod:`relbias.attention.flex`); ``"fused"`` inside relbias's
-    own C++ CPU kernel (:mod:`relbias.attention.fused`, float32, forward only).
-    ``"auto"`` (default) follows :func:`choose_backend`: ``"materialize"`` whenever a
-    gradient is needed; without gradients the fused kernel on the CPU (else the table
-    path), the table path on CUDA; a dense tensor bias, a float64 input and
-    ``return_weights=True`` always materialise. All backends give the same values
+    own C++ CPU kernel (:mod:`relbias.attention.fused`, float32 or bfloat16, forward and
+    backward).
+    ``"auto"`` (default) follows :func:`choose_backend`: on the CPU the fused kernel,
+    with or without gradients (where it could be built; else the table path without
+    gradients, the materialised bias with them); on CUDA the table path without
+    gradients and the materialised bias with them; a dense tensor bias, a float64 input
+    and ``return_weights=True`` always materialise. All backends give the same values
     within float rounding.
 
     Under ``torch.autocast`` the bias is computed and added in float32 (FIRE's MLP

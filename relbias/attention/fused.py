@@ -1,34 +1,53 @@
 r"""A fused CPU kernel: the bias computed inside attention, one block of scores at a time.
 
 ``biased_attention(..., backend="fused")`` runs ``csrc/fused_attention.cpp``, a
-flash-style attention kernel for the CPU: for each block of query rows and block of
-keys it computes the scores :math:`q_i k_j^\top / \sqrt{d}` with one matrix product,
-adds :math:`\mathrm{PE}(i, j)` to them in place, and folds them into a running softmax
-(a running maximum and sum per row), so that no ``q_len x k_len`` tensor exists and
-no block above the causal diagonal is computed: FlashAttention's loop (Dao et al.,
-2022, arXiv:2205.14135) with the online softmax of Rabe & Staats (2021,
-arXiv:2112.05682). The bias comes from the O(n) pieces of a prepared bias
-(:meth:`relbias.RelativeBias.prepare`):
+flash-style attention kernel for the CPU, forward and backward. For each block of query
+rows and block of keys the forward computes the scores :math:`q_i k_j^\top / \sqrt{d}`
+with one matrix product, adds :math:`\mathrm{PE}(i, j)` to them in place, and folds them
+into a running softmax (a running maximum and sum per row), so that no ``q_len x k_len``
+tensor exists and no block above the causal diagonal is computed: FlashAttention's loop
+(Dao et al., 2022, arXiv:2205.14135) with the online softmax of Rabe & Staats (2021,
+arXiv:2112.05682). It keeps one number per query row, the log-sum-exp of its scores; the
+backward recomputes each block's weights from it (FlashAttention-2's backward, Dao,
+2023, arXiv:2307.08691) and reduces the bias's gradient as it goes, so training never
+forms a ``[heads, n, n]`` tensor either. The bias comes from the O(n) pieces of a
+prepared bias (:meth:`relbias.RelativeBias.prepare`), and its gradient flows back
+through them to the module's parameters:
 
 * an offset-only family reads ``PE(i, j)`` from its table: the bias of one row of a
-  block is a contiguous run of the reversed table, added with vector loads;
+  block is a contiguous run of the table, added with vector loads; in the backward a
+  column of :math:`\partial L / \partial S^\top` (one key, consecutive queries) is a run
+  of consecutive offsets, so the table's gradient is summed per offset with vector adds;
 * FIRE computes :math:`f_\theta(\psi(|i-j|) / \psi(\max(L, i)))` per score, with
   :math:`\psi(|i-j|)` read the same way and the MLP folded to its switching hidden
-  units (:meth:`relbias.attention.prepared.FIREBias.folded_mlp`).
+  units (:meth:`relbias.attention.prepared.FIREBias.folded_mlp`); its backward takes
+  each score's gradient through the MLP (its weights, the :math:`\psi` table and the
+  per-row denominators).
+
+Weights below :math:`2^{-64}` of their row's largest are set to zero rather than
+computed: they change no float32 result (``k_len * 2^-64`` of a row's sum is far below
+float32's rounding), and computing them would form denormal floats, which are slow on
+x86 unless the process flushes them. A whole block of keys is skipped when a bound on its
+scores (:math:`|q_i||k_j|/\sqrt{d}` plus the largest bias of its offsets) lies
+:math:`64 \ln 2` below every row's running maximum; the blocks are visited in the order
+of their bounds, so steep biases (ALiBi's first heads) skip most far blocks
+(:func:`block_counts` tells how many).
 
 The kernel is C++, compiled on first use with :func:`torch.utils.cpp_extension.load`
 (a C++ compiler, ``ninja`` and a PyTorch whose ATen has float32
-``at::native::cpublas::brgemm`` are needed; the build takes about 15 s once per machine
+``at::native::cpublas::brgemm`` are needed; the build takes about 20 s once per machine
 and is cached). The compilation announces itself on stderr (a line when it starts, one
 with its time when it ends). To build it ahead of time, run::
 
     python -m relbias.attention.fused
 
 which builds (or loads) the kernel, runs its self-test, prints where it is cached and
-how long it took, and exits 0 (1, with the reason, where it cannot be built). It runs
-forward only, in float32, on the CPU. Where it cannot be built, :func:`available` is
-false, :func:`unavailable_reason` says why, and ``backend="auto"`` takes the table path
-instead. Set ``RELBIAS_FUSED=0`` to turn it off.
+how long it took, and exits 0 (1, with the reason, where it cannot be built). It runs on
+the CPU, on float32 or bfloat16 ``q``, ``k``, ``v`` (bfloat16 is read into float32 and
+the results rounded back). Where it cannot be built, :func:`available` is false,
+:func:`unavailable_reason` says why, and ``backend="auto"`` takes the table path (no
+gradient) or the materialised path (gradients) instead. Set ``RELBIAS_FUSED=0`` to turn
+it off.
 
 The build runs in a child process (``torch.utils.cpp_extension`` in a fresh
 interpreter, whose ``PATH`` may carry pip's ``ninja``); this process then loads the
@@ -60,7 +79,9 @@ __all__ = [
     "Q_BLOCK",
     "KV_BLOCK",
     "SOURCE",
+    "DTYPES",
     "available",
+    "block_counts",
     "build_info",
     "fused_attention",
     "main",
@@ -246,7 +267,7 @@ def _self_test() -> None:
     scores = q @ k.transpose(-1, -2) / 8**0.5 + table[:, 8 - offsets]
     scores = scores.masked_fill(offsets < 0, float("-inf"))
     expected = torch.softmax(scores, dim=-1) @ v
-    got = torch.ops.relbias_fused.offset_attention(q, k, v, table, 8, 0, True, 4, 4)
+    got, _, _ = torch.ops.relbias_fused.offset_forward(q, k, v, table, 8, 0, True, 4, 4)
     if not torch.allclose(got, expected, rtol=1e-4, atol=1e-5):
         raise RuntimeError("the kernel's self-test gave wrong values")
 
@@ -276,37 +297,93 @@ def build_info() -> dict:
     return dict(_BUILD)
 
 
+#: The dtypes of ``q``, ``k``, ``v`` the kernel takes (bfloat16 is computed in float32).
+DTYPES = (torch.float32, torch.bfloat16)
+
+
 def _why_not(q, k, v, bias) -> str | None:
     """None when the kernel can compute this attention, else why not."""
     if not isinstance(bias, PreparedBias) or bias.kernel_inputs(True) is None:
         return "it needs a bias of an offset-only family or FIRE"
     if any(t.device.type != "cpu" for t in (q, k, v)):
         return "it runs on the CPU only"
-    if any(t.dtype != torch.float32 for t in (q, k, v)):
-        return f"it runs in float32 only, got {q.dtype}"
-    if needs_grad(q, k, v, bias):
-        return "it has no backward: use backend='materialize' or torch.no_grad()"
+    if q.dtype not in DTYPES or k.dtype != q.dtype or v.dtype != q.dtype:
+        return f"it takes float32 or bfloat16 q, k, v, got {q.dtype}, {k.dtype}, {v.dtype}"
     return None
 
 
-def fused_attention(q, k, v, bias: PreparedBias, *, causal: bool = True) -> torch.Tensor:
-    """Attention with ``bias`` computed inside the fused kernel: ``[batch, heads, q_len, v_dim]``.
+def _op_arguments(tensors: tuple, highest: int) -> tuple:
+    """The bias's arguments of an op: its first tensor, the highest offset, the others."""
+    return (tensors[0], highest, *tensors[1:])
 
-    Equal to the materialised path within float32 rounding. Raises ``RuntimeError``
-    naming the reason where the kernel cannot run (see :func:`unavailable_reason`).
-    """
+
+class _FusedAttention(torch.autograd.Function):
+    """The kernel's forward and backward as one differentiable operation."""
+
+    @staticmethod
+    def forward(ctx, family, highest, q_start, causal, q, k, v, *tensors):
+        ops = torch.ops.relbias_fused
+        extra = (q_start, causal, Q_BLOCK, KV_BLOCK)
+        out, lse, _ = getattr(ops, f"{family}_forward")(
+            q, k, v, *_op_arguments(tensors, highest), *extra
+        )
+        ctx.save_for_backward(q, k, v, out, lse, *tensors)  # out in float32
+        ctx.call = (family, highest, extra)
+        return out.to(q.dtype)
+
+    @staticmethod
+    def backward(ctx, dout):
+        family, highest, extra = ctx.call
+        q, k, v, out, lse, *tensors = ctx.saved_tensors
+        grads = getattr(torch.ops.relbias_fused, f"{family}_backward")(
+            q, k, v, out, dout.contiguous(), lse, *_op_arguments(tuple(tensors), highest), *extra
+        )
+        dq, dk, dv, *bias_grads = grads
+        return (None, None, None, None, dq, dk, dv, *bias_grads)
+
+
+def _run(q, k, v, bias: PreparedBias, causal: bool):
+    """The kernel's forward: ``(out, lse, counts)``, after the checks of :func:`fused_attention`."""
     reason = _why_not(q, k, v, bias)
     if reason is None and not available():
         reason = f"it could not be built here ({unavailable_reason()})"
     if reason is not None:
         raise RuntimeError(f"backend='fused' cannot compute this attention: {reason}")
-    batch, heads, q_len, _ = q.shape
-    bias.check_shape(heads, q_len, k.shape[2], bias.q_start, causal)
-    operator, arguments = bias.kernel_inputs(causal)
+    bias.check_shape(q.shape[1], q.shape[2], k.shape[2], bias.q_start, causal)
+    family, tensors, highest = bias.kernel_inputs(causal)
+    if needs_grad(q, k, v, *tensors):
+        out = _FusedAttention.apply(family, highest, bias.q_start, causal, q, k, v, *tensors)
+        return out, None, None
     with torch.no_grad():
-        return getattr(torch.ops.relbias_fused, operator)(
-            q, k, v, *arguments, bias.q_start, causal, Q_BLOCK, KV_BLOCK
+        out, lse, counts = getattr(torch.ops.relbias_fused, f"{family}_forward")(
+            q, k, v, *_op_arguments(tensors, highest), bias.q_start, causal, Q_BLOCK, KV_BLOCK
         )
+    return out.to(q.dtype), lse, counts
+
+
+def fused_attention(q, k, v, bias: PreparedBias, *, causal: bool = True) -> torch.Tensor:
+    """Attention with ``bias`` computed inside the fused kernel: ``[batch, heads, q_len, v_dim]``.
+
+    Differentiable: with gradients on, the kernel's backward gives the gradients of
+    ``q``, ``k``, ``v`` and of the prepared bias's tensors (hence of the module's
+    parameters). Equal to the materialised path within float32 rounding (bfloat16
+    inputs: within bfloat16's rounding of the inputs and the output). Raises
+    ``RuntimeError`` naming the reason where the kernel cannot run (see
+    :func:`unavailable_reason`).
+    """
+    return _run(q, k, v, bias, causal)[0]
+
+
+def block_counts(q, k, v, bias: PreparedBias, *, causal: bool = True) -> dict:
+    """How many (query block, key block) pairs the forward computed and how many it skipped.
+
+    A block is skipped when no weight in it can reach :math:`2^{-64}` of its row's
+    largest (the module docstring). Runs the forward once, without gradients.
+    """
+    with torch.no_grad():
+        _, _, counts = _run(q, k, v, bias, causal)
+    computed, skipped = (int(c) for c in counts)
+    return {"computed": computed, "skipped": skipped}
 
 
 def main() -> int:

@@ -99,12 +99,15 @@ class PreparedBias:
         """The table ``[heads, q_len + k_len - 1]`` in reversed offset order (offset-only)."""
         raise TypeError(f"{type(self).__name__} depends on more than the offset: no table")
 
-    def kernel_inputs(self, causal: bool) -> tuple[str, tuple] | None:
-        """What the fused C++ kernel reads: ``(operator name, arguments)``, or None.
+    def kernel_inputs(self, causal: bool) -> tuple[str, tuple, int] | None:
+        """What the fused C++ kernel reads: ``(family, tensors, highest offset)``, or None.
 
-        The fused backend calls ``torch.ops.relbias_fused.<name>(q, k, v, *arguments,
-        q_start, causal, q_block, kv_block)``. Computed once per ``causal`` and kept.
-        None: no fused kernel for this bias.
+        The fused backend calls ``torch.ops.relbias_fused.<family>_forward(q, k, v,
+        tensors[0], highest, *tensors[1:], q_start, causal, q_block, kv_block)`` and the
+        matching ``_backward``, which returns a gradient for each of ``tensors``. The
+        tensors keep their autograd history (when grad mode is on), so those gradients
+        reach the module's parameters. Computed once per ``causal`` and grad mode, and
+        kept. None: no fused kernel for this bias.
         """
         return None
 
@@ -262,11 +265,12 @@ class OffsetTableBias(PreparedBias):
 
     def kernel_inputs(self, causal):
         # the kernel masks the future itself: the table without -inf, offsets from `highest`
-        if "offset" not in self._kernel_inputs:
+        key = ("offset", torch.is_grad_enabled())
+        if key not in self._kernel_inputs:
             highest = self.q_start + self.q_len - 1
             table = self.reversed_table(False, torch.float32)
-            self._kernel_inputs["offset"] = ("offset_attention", (table, highest))
-        return self._kernel_inputs["offset"]
+            self._kernel_inputs[key] = ("offset", (table,), highest)
+        return self._kernel_inputs[key]
 
 
 class FIREBias(PreparedBias):
@@ -379,9 +383,10 @@ class FIREBias(PreparedBias):
         attention the largest value of its tables. Returns ``(w1, b1, w2, slope,
         intercept)`` for the switching units: the same function, fewer units.
         """
-        key = ("folded", causal)
+        key = ("folded", causal, torch.is_grad_enabled())
         if key not in self._aux:
-            x_max = 1.0 if causal else float(self.psi_table.max() / self.denominator.min())
+            psi_max, den_min = self.psi_table.detach().max(), self.denominator.detach().min()
+            x_max = 1.0 if causal else float(psi_max / den_min)
             at_zero, at_max = self.b1, self.w1 * x_max + self.b1
             linear = (at_zero >= 0) & (at_max >= 0)
             switching = ~linear & ~((at_zero <= 0) & (at_max <= 0))
@@ -397,18 +402,17 @@ class FIREBias(PreparedBias):
         return self._aux[key]
 
     def kernel_inputs(self, causal):
-        key = ("fire", causal)
+        key = ("fire", causal, torch.is_grad_enabled())
         if key not in self._kernel_inputs:
             highest = self.q_start + self.q_len - 1  # the offset of the reversed psi's entry 0
             psi, _ = self._reversed(False, torch.float32)
             with no_autocast(psi.device):
                 w1, b1, w2, slope, intercept = self.folded_mlp(causal)
-            psi, inverse, w1, b1, w2, slope, intercept = (
-                t.detach().float().contiguous()
-                for t in (psi, 1.0 / self.denominator, w1, b1, w2, slope, intercept)
-            )
-            args = (psi, highest, inverse, w1, b1, w2, slope, intercept)
-            self._kernel_inputs[key] = ("fire_attention", args)
+                tensors = tuple(
+                    t.float().contiguous()
+                    for t in (psi, 1.0 / self.denominator, w1, b1, w2, slope, intercept)
+                )
+            self._kernel_inputs[key] = ("fire", tensors, highest)
         return self._kernel_inputs[key]
 
 

@@ -7,10 +7,15 @@ chapter and compares its outputs, and tests/test_browser.py checks the built pag
 - the first code cell of every chapter is the Colab install cell, installing from the
   repository URL of _config.yml, and prints nothing; the second picks the runtime;
 - stored outputs come from one clean top-to-bottom run: execution counts 1..n, no
-  errors (the build shows them as they are: myst-nb's "off" mode), no widget state, no SVG, no machine-specific text;
+  errors (the build shows them as they are: myst-nb's "off" mode), no widget state, no
+  SVG, no machine-specific text;
 - every {glue} role has a glued value in the same notebook, every {cite} key is in
   references.bib, and a chapter that cites has a bibliography;
 - every chapter has learning goals, exercises and solutions;
+- every numbered chapter (01-08) ends with a summary ("What to remember") and has an
+  exercise whose worked solution retrains a model; every figure has a caption and alt
+  text; every equation of the book's section that a chapter displays carries the book's
+  number and a label; one notation (no ``\top``, no ``b(i, j)`` for a bias);
 - the cells nbval skips or does not compare are counted and listed (kept few).
 """
 
@@ -138,8 +143,6 @@ def test_toc_has_no_duplicates():
 
 def test_config_essentials():
     cfg = config()
-    assert cfg["execute"]["execute_notebooks"] == "auto"
-    assert cfg["execute"]["allow_errors"] is False
     assert cfg["only_build_toc_files"] is True
     assert cfg["repository"]["branch"] == "main"
     assert re.fullmatch(r"https://github\.com/[\w.-]+/[\w.-]+", repository_url())
@@ -206,6 +209,154 @@ def test_chapter_has_an_explorer_and_a_static_figure(path):
         o for c in code_cells(nb) for o in c.get("outputs", []) if "image/png" in o.get("data", {})
     ]
     assert pngs, "no figure in the stored outputs"
+
+
+# --- the shape of a chapter: summary, retrain exercise, captions, the book's equations ----------
+
+CHAPTERS = [p for p in NOTEBOOKS if p.name[:2].isdigit()]
+CHAPTER_IDS = [p.stem for p in CHAPTERS]
+# A worked solution "retrains" when one of its code cells calls one of these (the lab's
+# training entry points).
+TRAINING_CALL = re.compile(r"\b(train_lm|train_and_evaluate|train_and_probe)\(")
+# The book's equations (Xiao & Zhu, arXiv 2501.09223 v2, §2.3.5) that each chapter
+# displays. Each must be a displayed equation carrying the book's number as
+# \tag{2.NN}, right after a MyST target (eq-2-NN)= so that any chapter can link to it
+# with {ref}`Eq. (2.NN) <eq-2-NN>`. (Sphinx's own equation numbers, from
+# "$$ ... $$ (label)", count 1, 2, ... per page and cannot carry the book's numbers.)
+BOOK_EQUATIONS = {
+    "02_offset_bias": ["2.75", "2.76", "2.77"],
+    "03_t5_buckets": ["2.78", "2.79", "2.80", "2.81"],
+    "04_heuristic_biases": ["2.82", "2.83", "2.84"],
+    "07_rope_interpolation": ["2.85", "2.90", "2.92", "2.97", "2.98", "2.100", "2.101", "2.104"],
+}
+DISPLAY = re.compile(r"^\$\$\s*\n(.*?)\n\$\$", re.S | re.M)
+TAG = re.compile(r"\\tag\{([^}]*)\}")
+
+
+def solution_code_cells(nb: dict) -> list[dict]:
+    """The code cells between a ```{solution-start}``` and its ```{solution-end}```."""
+    inside, found = False, []
+    for cell in nb["cells"]:
+        src = source(cell)
+        if cell["cell_type"] == "markdown":
+            for fence in re.findall(r"^```\{(solution-start|solution-end)\}", src, re.M):
+                inside = fence == "solution-start"
+        elif inside:
+            found.append(cell)
+    return found
+
+
+def figure_cells(nb: dict) -> list[tuple[int, dict]]:
+    """(code-cell index, cell) of every cell that stores a PNG, explorers excepted."""
+    return [
+        (i, c)
+        for i, c in enumerate(code_cells(nb))
+        if "nb.explorer(" not in source(c)
+        and any("image/png" in o.get("data", {}) for o in c.get("outputs", []))
+    ]
+
+
+def displayed_equations(text: str) -> list[tuple[str, str]]:
+    """(the line before, the body) of every $$ display of a chapter's Markdown."""
+    found = []
+    for match in DISPLAY.finditer(text):
+        before = text[: match.start()].rstrip("\n").rsplit("\n", 1)[-1]
+        found.append((before.strip(), match.group(1)))
+    return found
+
+
+@pytest.mark.parametrize("path", CHAPTERS, ids=CHAPTER_IDS)
+def test_chapter_has_a_summary(path):
+    text = markdown(load(path))
+    heading = re.search(r"^## What to remember\s*$", text, re.M)
+    assert heading, "no '## What to remember' section"
+    exercises = re.search(r"^## Exercises\s*$", text, re.M)
+    assert exercises and heading.start() < exercises.start(), "the summary precedes the exercises"
+    bullets = re.findall(r"^- ", text[heading.end() : exercises.start()], re.M)
+    assert 3 <= len(bullets) <= 8, f"a summary of 3 to 8 points, found {len(bullets)}"
+
+
+@pytest.mark.parametrize("path", CHAPTERS, ids=CHAPTER_IDS)
+def test_chapter_has_a_retrain_exercise(path):
+    """At least one worked solution changes a setting and trains again (quick)."""
+    cells = solution_code_cells(load(path))
+    assert any(TRAINING_CALL.search(source(c)) for c in cells), (
+        "no exercise whose solution retrains a model (a solution code cell calling "
+        "train_lm, train_and_evaluate or train_and_probe)"
+    )
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=NOTEBOOK_IDS)
+def test_every_figure_has_a_caption_and_alt_text(path):
+    """myst-nb renders a cell's PNG as a numbered figure from the cell's metadata:
+    ``{"mystnb": {"figure": {"caption": ..., "name": "fig-..."}, "image": {"alt": ...}}}``."""
+    missing = []
+    for i, cell in figure_cells(load(path)):
+        meta = cell.get("metadata", {}).get("mystnb", {})
+        figure, image = meta.get("figure", {}), meta.get("image", {})
+        if not (figure.get("caption") and str(figure.get("name", "")).startswith("fig-")):
+            missing.append(f"code cell {i}: no figure caption/name")
+        if not image.get("alt"):
+            missing.append(f"code cell {i}: no alt text")
+        pngs = sum("image/png" in o.get("data", {}) for o in cell.get("outputs", []))
+        if pngs != 1:
+            missing.append(f"code cell {i}: {pngs} images in one captioned figure")
+    assert not missing, missing
+
+
+def test_figure_names_are_unique():
+    """Figure names are Sphinx labels, global to the book: a duplicate breaks the build."""
+    names = [
+        c["metadata"]["mystnb"]["figure"]["name"]
+        for p in NOTEBOOKS
+        for _, c in figure_cells(load(p))
+        if "name" in c.get("metadata", {}).get("mystnb", {}).get("figure", {})
+    ]
+    assert len(names) == len(set(names)), sorted(n for n in names if names.count(n) > 1)
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=NOTEBOOK_IDS)
+def test_the_books_equations_carry_its_numbers(path):
+    text = markdown(load(path))
+    displays = displayed_equations(text)
+    tagged = {}
+    for before, body in displays:
+        tags = TAG.findall(body)
+        for tag in tags:
+            assert re.fullmatch(r"2\.\d+", tag), f"\\tag{{{tag}}} is not a number of §2.3.5"
+            label = f"(eq-{tag.replace('.', '-')})="
+            assert before == label, f"Eq. {tag}: put {label} on the line above its $$"
+            assert tag not in tagged, f"Eq. {tag} is displayed with its number twice"
+            tagged[tag] = body
+    expected = BOOK_EQUATIONS.get(path.stem, [])
+    absent = [n for n in expected if n not in tagged]
+    assert not absent, f"the book's equations {absent} are not displayed with \\tag{{...}}"
+
+
+def test_equation_numbers_and_links_are_unique_and_resolve():
+    tags, links = [], set()
+    for path in NOTEBOOKS:
+        text = markdown(load(path))
+        tags += [t for _, body in displayed_equations(text) for t in TAG.findall(body)]
+        links |= set(re.findall(r"<(eq-2-\d+)>`", text))
+    assert len(tags) == len(set(tags)), "an equation of the book is numbered in two chapters"
+    targets = {f"eq-{t.replace('.', '-')}" for t in tags}
+    assert links <= targets, f"links to equations that no chapter displays: {links - targets}"
+
+
+@pytest.mark.parametrize("path", CHAPTERS, ids=CHAPTER_IDS)
+def test_one_notation(path):
+    r"""The transpose is the book's ^{\mathrm{T}}; b(...) is T5's bucket of an offset only."""
+    nb = load(path)
+    text = markdown(nb)
+    assert "\\top" not in text, "write transposes as ^{\\mathrm{T}}, as the book does"
+    assert not re.search(r"b\(i,\s*j\)", text), "b(i, j) is not a bias: write PE(i, j)"
+
+
+def test_the_quick_brown_fox_is_asked_once():
+    """The course pages' distance-penalty question is answered in one chapter only."""
+    asked = [p.name for p in NOTEBOOKS if "quick brown fox" in p.read_text(encoding="utf-8")]
+    assert len(asked) <= 1, asked
 
 
 # --- stored outputs ----------------------------------------------------------------------------

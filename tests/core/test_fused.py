@@ -7,6 +7,7 @@ failure here, not a skip.
 
 from __future__ import annotations
 
+import copy
 import os
 import random
 import re
@@ -138,16 +139,24 @@ def test_fused_with_a_prepared_bias_shared_by_layers():
     assert_close(first, expected)
 
 
-def test_auto_takes_the_fused_kernel_on_the_cpu_without_gradients(family):
+def test_auto_takes_the_fused_kernel_on_the_cpu(family):
+    """Without gradients and with them (training), in float32 and in bfloat16."""
     bias = family_bias(family, True)
     q, k, v = qkv(30, 30)
-    assert api.CPU_INFERENCE_BACKENDS[0] == "fused"
+    assert api.CPU_INFERENCE_BACKENDS[0] == "fused" and api.CPU_TRAINING_BACKENDS[0] == "fused"
     with torch.no_grad():
         assert biased_attention(q, k, v, bias, return_backend=True)[1] == "fused"
-    # bfloat16: the kernel is float32 only, the table path takes it
-    with torch.no_grad():
         _, backend = biased_attention(*(t.bfloat16() for t in (q, k, v)), bias, return_backend=True)
+    assert backend == "fused"
+    q.requires_grad_(True)
+    assert biased_attention(q, k, v, bias, return_backend=True)[1] == "fused"
+    # float16 is not the kernel's: the table path without gradients, materialised with them
+    with torch.no_grad():
+        _, backend = biased_attention(*(t.half() for t in (q, k, v)), bias, return_backend=True)
     assert backend == "table"
+    assert biased_attention(*(t.half() for t in (q, k, v)), bias, return_backend=True)[1] == (
+        "materialize"
+    )
 
 
 def test_auto_falls_back_to_the_table_where_the_kernel_cannot_be_built(monkeypatch):
@@ -172,15 +181,9 @@ def test_turned_off_by_the_environment(monkeypatch):
 
 
 def test_fused_refuses_what_it_cannot_compute():
-    bias = family_bias("t5", True)
     q, k, v = qkv(10, 10)
-    with pytest.raises(RuntimeError, match="no backward"):  # the bias needs gradients
-        biased_attention(q, k, v, bias, backend="fused")
-    q.requires_grad_(True)
-    with pytest.raises(RuntimeError, match="no backward"):
-        biased_attention(q, k, v, relbias.ALiBi(HEADS), backend="fused")
     with torch.no_grad():
-        with pytest.raises(RuntimeError, match="float32 only"):
+        with pytest.raises(RuntimeError, match="float32 or bfloat16"):
             biased_attention(
                 *(t.double() for t in (q, k, v)), relbias.ALiBi(HEADS), backend="fused"
             )
@@ -195,21 +198,33 @@ def test_fused_refuses_what_it_cannot_compute():
 
 
 def test_the_kernel_checks_its_own_inputs():
-    """The C++ operator refuses tables that do not cover the attention's offsets."""
+    """The C++ operators refuse tables that do not cover the attention's offsets, and
+    tensors of the wrong shapes or dtypes."""
     assert fused.available()
     q, k, v = qkv(10, 10)
+    table = torch.zeros(HEADS, 19)
     ops = torch.ops.relbias_fused
+    forward, backward = ops.offset_forward, ops.offset_backward
     with pytest.raises(RuntimeError, match="does not cover"):
-        ops.offset_attention(q, k, v, torch.zeros(HEADS, 5), 9, 0, True, 4, 4)
+        forward(q, k, v, torch.zeros(HEADS, 5), 9, 0, True, 4, 4)
     with pytest.raises(RuntimeError, match="rtable must be"):
-        ops.offset_attention(q, k, v, torch.zeros(HEADS, 19, dtype=torch.float64), 9, 0, True, 4, 4)
+        forward(q, k, v, table.double(), 9, 0, True, 4, 4)
     with pytest.raises(RuntimeError, match="q_block and kv_block"):
-        ops.offset_attention(q, k, v, torch.zeros(HEADS, 19), 9, 0, True, 0, 4)
+        forward(q, k, v, table, 9, 0, True, 0, 4)
+    with pytest.raises(RuntimeError, match="float32 or all bfloat16"):
+        forward(q.half(), k.half(), v.half(), table, 9, 0, True, 4, 4)
+    with pytest.raises(RuntimeError, match="float32 or all bfloat16"):
+        forward(q, k.bfloat16(), v, table, 9, 0, True, 4, 4)
     for bad in (k[:, :, :, :8], k[:1], k[:, :2]):  # another dim, batch or head count
         with pytest.raises(RuntimeError, match="must agree"):
-            ops.offset_attention(q, bad, v, torch.zeros(HEADS, 19), 9, 0, True, 4, 4)
+            forward(q, bad, v, table, 9, 0, True, 4, 4)
     with pytest.raises(RuntimeError, match="must agree"):  # values of another length
-        ops.offset_attention(q, k, v[:, :, :9], torch.zeros(HEADS, 19), 9, 0, True, 4, 4)
+        forward(q, k, v[:, :, :9], table, 9, 0, True, 4, 4)
+    out, lse, _ = forward(q, k, v, table, 9, 0, True, 4, 4)
+    with pytest.raises(RuntimeError, match="out and dout"):
+        backward(q, k, v, out, out[:, :, :5], lse, table, 9, 0, True, 4, 4)
+    with pytest.raises(RuntimeError, match="lse must be"):
+        backward(q, k, v, out, out, lse[:, :, :5], table, 9, 0, True, 4, 4)
 
 
 CAPABILITY_CHECK = """
@@ -227,6 +242,13 @@ for name in ("t5", "fire"):
         got = biased_attention(q, k, v, bias, backend="fused")
         expected = biased_attention(q, k, v, bias, backend="materialize")
     torch.testing.assert_close(got, expected, rtol=2e-5, atol=2e-5)
+    grads = []
+    for backend in ("fused", "materialize"):
+        q.grad = None
+        q.requires_grad_(True)
+        biased_attention(q, k, v, bias, backend=backend).square().sum().backward()
+        grads.append(q.grad)
+    torch.testing.assert_close(*grads, rtol=1e-4, atol=1e-4)
 """
 
 
@@ -361,3 +383,193 @@ def test_the_build_changes_nothing_process_wide(monkeypatch, tmp_path, capsys):
     assert os.environ.get("PATH") == path and dict(os.environ) == environ
     assert logging.getLogger("torch.utils.cpp_extension").level == level
     assert "compiling the fused attention kernel" in capsys.readouterr().err
+
+
+# --- the backward: gradients of q, k, v and of the bias's parameters ------------------------
+def _gradients(backend, q, k, v, bias, dout, **kwargs):
+    """The output and the gradients of q, k, v and of every parameter of ``bias``."""
+    for t in (q, k, v):
+        t.grad = None
+    bias.zero_grad()
+    out = biased_attention(q, k, v, bias, backend=backend, **kwargs)
+    (out * dout).sum().backward()
+    params = [p.grad if p.grad is not None else torch.zeros_like(p) for p in bias.parameters()]
+    return [out.detach(), q.grad, k.grad, v.grad, *params]
+
+
+def _perturbed(bias):
+    """The family with every parameter moved off its initial value (all gradients live)."""
+    with torch.no_grad():
+        for p in bias.parameters():
+            p.add_(0.3 * torch.randn_like(p))
+    return bias
+
+
+def assert_gradients_close(got, expected, tol=2e-5, params_from=4):
+    """Each tensor equal within ``tol`` of its own largest entry (float32 rounding of sums
+    over a few hundred scores), the parameters' gradients (from index ``params_from``)
+    within ``5 * tol``: a parameter's gradient sums every score's, with cancellations
+    (FIRE's ``c``: both float32 paths are about 1e-5 from float64), and one that is zero
+    in exact arithmetic (FIRE's output bias) is rounding noise on both sides."""
+    for index, (g, e) in enumerate(zip(got, expected)):
+        scale = max(float(e.abs().max()), 1.0) * (5 if index >= params_from else 1)
+        torch.testing.assert_close(g, e, rtol=0, atol=tol * scale)
+
+
+@pytest.mark.parametrize("blocks", BLOCKS, indirect=True)
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("q_len,k_len,q_start", SHAPES)
+def test_fused_gradients_match_materialise(family, causal, q_len, k_len, q_start, blocks):
+    bias = _perturbed(family_bias(family, causal))
+    q, k, v = qkv(q_len, k_len, grad=True)
+    dout = torch.randn(q.shape[:3] + v.shape[3:])
+    kwargs = {"causal": causal, "q_start": q_start}
+    got = _gradients("fused", q, k, v, bias, dout, **kwargs)
+    expected = _gradients("materialize", q, k, v, bias, dout, **kwargs)
+    assert_gradients_close(got, expected)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_fused_gradients_random_shapes_and_blocks(seed, monkeypatch):
+    rng = random.Random(seed)
+    monkeypatch.setattr(fused, "Q_BLOCK", rng.choice([1, 3, 16, 64, 128]))
+    monkeypatch.setattr(fused, "KV_BLOCK", rng.choice([1, 8, 33, 512]))
+    family, causal = rng.choice(FAMILIES), rng.random() < 0.7
+    q_len = rng.randint(1, 120)
+    k_len = q_len + rng.randint(0, 80)
+    q_start = k_len - q_len if causal else rng.randint(0, 200)
+    dim, v_dim = rng.choice([(8, 8), (16, 24), (64, 64), (5, 3)])
+    bias = _perturbed(family_bias(family, causal))
+    q, k, v = qkv(q_len, k_len, batch=rng.randint(1, 3), dim=dim, v_dim=v_dim, grad=True)
+    dout = torch.randn(q.shape[:3] + (v_dim,))
+    kwargs = {"causal": causal, "q_start": q_start}
+    got = _gradients("fused", q, k, v, bias, dout, **kwargs)
+    expected = _gradients("materialize", q, k, v, bias, dout, **kwargs)
+    assert_gradients_close(got, expected)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_fused_gradients_against_float64(family, causal):
+    """The kernel computes in float32, so gradcheck (float64) cannot run it: its gradients
+    are compared with the materialised path's in float64 instead."""
+    bias = _perturbed(family_bias(family, causal))
+    q, k, v = qkv(70, 90, grad=True)
+    dout = torch.randn(q.shape)
+    got = _gradients("fused", q, k, v, bias, dout, causal=causal)
+    bias64 = copy.deepcopy(bias).double()
+    q64, k64, v64 = (t.detach().double().requires_grad_(True) for t in (q, k, v))
+    expected = _gradients("materialize", q64, k64, v64, bias64, dout.double(), causal=causal)
+    assert_gradients_close(got, [e.float() for e in expected], tol=1e-5)
+
+
+def test_fused_backward_keeps_no_quadratic_tensor(family):
+    """What the backward keeps of a fused attention is O(n): q, k, v, the output, one
+    log-sum-exp per row and the prepared bias's O(n) tables, never [heads, n, n]."""
+    n = 256
+    bias = family_bias(family, True)
+    q, k, v = qkv(n, n, batch=1, grad=True)
+    saved = []
+
+    def pack(t):
+        saved.append(t.numel())
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = biased_attention(q, k, v, bias, backend="fused")
+    out.sum().backward()
+    assert saved and max(saved) <= q.numel() < HEADS * n * n // 8
+
+
+def test_fused_gradients_reach_a_shared_prepared_bias():
+    """One prepared bias used by two layers: its parameters get both layers' gradients."""
+    bias = _perturbed(family_bias("t5", True))
+    q, k, v = qkv(50, 50, grad=True)
+    grads = []
+    for backend in ("fused", "materialize"):
+        bias.zero_grad()
+        prepared = bias.prepare(50)
+        first = biased_attention(q, k, v, prepared, backend=backend)
+        biased_attention(first, k, v, prepared, backend=backend).square().sum().backward()
+        grads.append(bias.weight.grad.clone())
+    assert_gradients_close(*([g] for g in grads), params_from=0)
+
+
+def test_backward_threads_change_no_gradient_of_q_k_v():
+    """Heads go to whichever thread is free; q, k and v's gradients are each one head's
+    arithmetic (the same bits), the bias's gradient a sum over threads (equal within
+    rounding)."""
+    bias = _perturbed(family_bias("kerple_log", True))
+    q, k, v = qkv(200, 200, batch=3, grad=True)
+    dout = torch.randn(q.shape)
+    threads = torch.get_num_threads()
+    runs = []
+    try:
+        for count in (1, 2):
+            torch.set_num_threads(count)
+            runs.append(_gradients("fused", q, k, v, bias, dout))
+    finally:
+        torch.set_num_threads(threads)
+    for one, two in zip(runs[0][:4], runs[1][:4]):
+        assert torch.equal(one, two)
+    assert_gradients_close(runs[1][4:], runs[0][4:], params_from=0)
+
+
+# --- bfloat16 ---------------------------------------------------------------------------------
+@pytest.mark.parametrize("causal", [True, False])
+def test_bfloat16_forward_and_backward(family, causal):
+    """bfloat16 q, k, v are computed in float32 and rounded back: the output and gradients
+    agree with the float32 kernel on the same (rounded) inputs within bfloat16's rounding
+    (2^-8 relative)."""
+    bias = _perturbed(family_bias(family, causal))
+    q, k, v = (t.bfloat16().requires_grad_(True) for t in qkv(60, 80))
+    dout = torch.randn(q.shape).bfloat16()
+    got = _gradients("fused", q, k, v, bias, dout, causal=causal)
+    assert all(t.dtype == torch.bfloat16 for t in got[:4])
+    q32, k32, v32 = (t.detach().float().requires_grad_(True) for t in (q, k, v))
+    expected = _gradients("fused", q32, k32, v32, bias, dout.float(), causal=causal)
+    for g, e in zip(got[:4], expected[:4]):
+        torch.testing.assert_close(g.float(), e, rtol=2**-7, atol=2**-7 * float(e.abs().max()))
+    assert_gradients_close(got[4:], expected[4:], params_from=0)
+
+
+# --- small weights are dropped, whole blocks skipped ----------------------------------------
+def test_steep_biases_skip_blocks_and_give_the_same_values(monkeypatch):
+    """ALiBi's first heads (slopes 1/2, 1/4, ...) make far keys' weights vanish: whole
+    blocks are skipped, and output and gradients stay those of the materialised path."""
+    monkeypatch.setattr(fused, "KV_BLOCK", 64)
+    torch.manual_seed(0)
+    bias = relbias.ALiBi(8)
+    q, k, v = (torch.randn(1, 8, 1024, 32, requires_grad=True) for _ in range(3))
+    counts = fused.block_counts(q, k, v, bias.prepare(1024))
+    total = counts["computed"] + counts["skipped"]
+    assert total == 8 * sum(min(r + 128, 1024) // 64 for r in range(0, 1024, 128)), counts
+    assert counts["skipped"] > total / 10, counts  # ALiBi's first heads: the far blocks
+    dout = torch.randn(q.shape)
+    got = _gradients("fused", q, k, v, bias, dout)
+    expected = _gradients("materialize", q, k, v, bias, dout)
+    assert_gradients_close(got, expected, tol=5e-5)
+
+
+def test_a_flat_bias_skips_nothing():
+    bias = relbias.make_bias("offset", HEADS, max_offset=8, bidirectional=False)  # zeros
+    q, k, v = qkv(300, 300)
+    counts = fused.block_counts(q, k, v, bias.prepare(300))
+    assert counts["skipped"] == 0 and counts["computed"] > 0
+
+
+def test_no_denormal_is_formed():
+    """Weights below 2^-64 of their row's largest are never computed, so the process's
+    flush-denormal setting changes no bit of the output or of any gradient."""
+    torch.manual_seed(1)
+    bias = relbias.ALiBi(4)
+    q, k, v = (torch.randn(1, 4, 600, 16, requires_grad=True) for _ in range(3))
+    dout = torch.randn(q.shape)
+    runs = []
+    try:
+        for flush in (False, True):
+            torch.set_flush_denormal(flush)
+            runs.append(_gradients("fused", q, k, v, bias, dout))
+    finally:
+        torch.set_flush_denormal(False)
+    for off, on in zip(*runs):
+        assert torch.equal(off, on)

@@ -1,17 +1,36 @@
-// Fused CPU attention with a relative bias computed inside the kernel (forward only).
+// Fused CPU attention with a relative bias computed inside the kernel: forward and backward.
 //
-// softmax_j(q_i k_j / sqrt(d) + PE(i, j) [+ causal mask]) v_j, one block of query rows
-// against one block of keys at a time, with an online softmax (running maximum and
-// sum per row), so that no q_len x k_len tensor exists. PE(i, j) is added to each block
-// of scores as it is computed:
-//   offset_attention: PE(i, j) = table[h, i - j - lowest], read from the reversed
-//     table rtable[h, m] = PE(hi - m) (hi = the highest offset), so that the bias of a
-//     row is a contiguous run of rtable: PE(i, j) = rtable[h, hi - i + j];
-//   fire_attention: FIRE's f(psi(|i - j|) / psi(max(L, i))), with psi(|i - j|) read the
-//     same way from a reversed table shared by the heads and f the MLP with its
-//     non-switching hidden units folded into slope * x + intercept.
+// Forward: softmax_j(q_i k_j / sqrt(d) + PE(i, j) [+ causal mask]) v_j, one block of query
+// rows against one block of keys at a time, with an online softmax (running maximum and sum
+// per row), so that no q_len x k_len tensor exists. PE(i, j) is added to each block of
+// scores as it is computed:
+//   OffsetBias: PE(i, j) = table[h, i - j - lowest], read from the reversed table
+//     rtable[h, m] = PE(hi - m) (hi = the highest offset), so that the bias of a row is a
+//     contiguous run of rtable: PE(i, j) = rtable[h, hi - i + j];
+//   FireBias: FIRE's f(psi(|i - j|) / psi(max(L, i))), with psi(|i - j|) read the same way
+//     from a reversed table shared by the heads and f the MLP with its non-switching hidden
+//     units folded into slope * x + intercept.
+// The forward also returns each row's log-sum-exp, which is all the backward keeps of it.
+//
+// Small weights are dropped, exactly: a weight below 2^-64 of its row's largest adds less
+// than k_len * 2^-64 of the row's sum, far below float32's rounding (2^-24), so it is set to
+// zero instead of being computed. That keeps denormal floats (slow on x86 unless the process
+// flushes them) out of every product, and lets a whole block of keys be skipped when a bound
+// on its scores (|q_i| |k_j| / sqrt(d) + the largest bias of its offsets) lies 64 * ln 2
+// below the running maximum of every row: the key blocks are visited in the order of their
+// bounds, the most promising first, so steep biases skip most far blocks.
+//
+// Backward (FlashAttention-2's, in the transposed layout): per head, for each block of keys
+// and block of queries, recompute S^T = K Q^T / sqrt(d) + PE^T, P^T = exp(S^T - lse), then
+// dP^T = V dO^T, dS^T = P^T (dP^T - rowsum(dO o O)), dV += P^T dO, dK += dS^T Q / sqrt(d),
+// dQ^T += K^T dS^T. A column of dS^T is one key against consecutive queries, i.e.
+// consecutive offsets: the bias's gradient is reduced per offset with vector adds
+// (OffsetBias), or through FIRE's MLP per score (FireBias).
 // Matrix products go through oneDNN's batch-reduce GEMM (at::native::cpublas::brgemm).
-// Built on first use by relbias/fused.py (torch.utils.cpp_extension.load).
+// Every op takes float32 or bfloat16 q, k, v (bfloat16 is read into float32: the arithmetic
+// is float32's). The forward returns its output in float32 (the caller rounds it to q's
+// dtype; the backward reads the float32 output); the backward returns the gradients of
+// q, k, v in their dtype. Built on first use by relbias/attention/fused.py.
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -23,14 +42,19 @@
 #include <atomic>
 #include <cmath>
 #include <limits>
+#include <numeric>
+#include <tuple>
 #include <vector>
 
 namespace {
 
 using Vec = at::vec::Vectorized<float>;
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+constexpr float kInf = std::numeric_limits<float>::infinity();
+// ln(2^-64): a weight exp(s - max) below exp(kDropLog) is set to zero (see the top).
+constexpr float kDropLog = -44.3614195558365f;
 
-// s[c] += rtable[c] for c < n
+// s[c] += run[c] for c < n
 inline void add_run(float* s, const float* run, int64_t n) {
   int64_t c = 0;
   for (; c + Vec::size() <= n; c += Vec::size()) {
@@ -39,45 +63,6 @@ inline void add_run(float* s, const float* run, int64_t n) {
   for (; c < n; ++c) s[c] += run[c];
 }
 
-struct OffsetBias {
-  const float* rtable;  // [heads, width]
-  int64_t width, hi;
-  void add(int64_t h, int64_t i, int64_t /*row*/, int64_t c0, int64_t n, float* s) const {
-    add_run(s, rtable + h * width + (hi - i + c0), n);
-  }
-};
-
-struct FireBias {
-  const float* rpsi;  // [width], psi(|offset|) in reversed offset order
-  int64_t width, hi;
-  const float* inv_den;  // [q_len]: 1 / (psi(max(L, i)) + eps)
-  int64_t units;
-  const float *w1, *b1, *w2;      // [units], [units], [heads, units]
-  const float *slope, *intercept;  // [heads]
-  void add(int64_t h, int64_t i, int64_t row, int64_t c0, int64_t n, float* s) const {
-    const float* run = rpsi + (hi - i + c0);
-    const float* w2h = w2 + h * units;
-    const float inv = inv_den[row];
-    const Vec vinv(inv), vslope(slope[h]), vicpt(intercept[h]), zero(0.f);
-    int64_t c = 0;
-    for (; c + Vec::size() <= n; c += Vec::size()) {
-      Vec x = Vec::loadu(run + c) * vinv;
-      Vec out = at::vec::fmadd(x, vslope, vicpt);
-      for (int64_t u = 0; u < units; ++u) {
-        Vec hidden = at::vec::maximum(at::vec::fmadd(x, Vec(w1[u]), Vec(b1[u])), zero);
-        out = at::vec::fmadd(hidden, Vec(w2h[u]), out);
-      }
-      (Vec::loadu(s + c) + out).store(s + c);
-    }
-    for (; c < n; ++c) {
-      const float x = run[c] * inv;
-      float out = x * slope[h] + intercept[h];
-      for (int64_t u = 0; u < units; ++u) out += w2h[u] * std::max(x * w1[u] + b1[u], 0.f);
-      s[c] += out;
-    }
-  }
-};
-
 // the lanes of v folded with op, starting from init
 template <typename Op>
 inline float fold_lanes(const Vec& v, Op op, float init) {
@@ -85,6 +70,10 @@ inline float fold_lanes(const Vec& v, Op op, float init) {
   v.store(lanes);
   for (int64_t k = 0; k < Vec::size(); ++k) init = op(init, lanes[k]);
   return init;
+}
+
+inline float lane_sum(const Vec& v) {
+  return fold_lanes(v, [](float a, float b) { return a + b; }, 0.f);
 }
 
 inline float max_of(const float* s, int64_t n) {
@@ -96,131 +85,246 @@ inline float max_of(const float* s, int64_t n) {
   return m;
 }
 
-// s[c] = exp(s[c] - m), returns the sum
-inline float exp_sum(float* s, int64_t n, float m) {
-  const Vec vm(m);
+// exp(x), or 0 where x < kDropLog (the weight is dropped: no denormal is ever formed)
+inline Vec exp_or_zero(const Vec& x) {
+  const Vec floor(kDropLog);
+  return (x >= floor) & at::vec::maximum(x, floor).exp_u20();
+}
+
+inline float exp_or_zero(float x) { return x >= kDropLog ? std::exp(x) : 0.f; }
+
+// s[c] = exp(s[c] - m[c]) (dropped below kDropLog) for one max m (m_vec null) or one per c
+inline float exp_sum(float* s, int64_t n, float m, const float* m_vec = nullptr) {
   Vec vsum(0.f);
   int64_t c = 0;
   for (; c + Vec::size() <= n; c += Vec::size()) {
-    Vec e = (Vec::loadu(s + c) - vm).exp_u20();
+    const Vec vm = m_vec ? Vec::loadu(m_vec + c) : Vec(m);
+    Vec e = exp_or_zero(Vec::loadu(s + c) - vm);
     e.store(s + c);
     vsum = vsum + e;
   }
-  float sum = fold_lanes(vsum, [](float a, float b) { return a + b; }, 0.f);
+  float sum = lane_sum(vsum);
   for (; c < n; ++c) {
-    s[c] = std::exp(s[c] - m);
+    s[c] = exp_or_zero(s[c] - (m_vec ? m_vec[c] : m));
     sum += s[c];
   }
   return sum;
 }
 
+// ---- the biases ----------------------------------------------------------------------------
+// Each bias adds PE to a run of scores in the forward's layout (one query, consecutive keys:
+// add_row) and in the backward's (one key, consecutive queries: add_col), bounds PE over a
+// range of offsets from above (bound), and accumulates its gradient from a run of dS^T
+// (grad_col) into a per-thread Grad.
+
+struct OffsetBias {
+  const float* rtable;  // [heads, width]: rtable[h, m] = PE(hi - m)
+  int64_t heads, width, hi, lowest;
+  std::vector<float> table;      // [heads, width] in offset order: table[h, t] = PE(lowest + t)
+  std::vector<float> chunk_max;  // [heads, chunks]: the largest PE of each kChunk offsets
+  static constexpr int64_t kChunk = 64;
+  int64_t chunks;
+
+  OffsetBias(const float* rtable_, int64_t heads_, int64_t width_, int64_t hi_)
+      : rtable(rtable_), heads(heads_), width(width_), hi(hi_), lowest(hi_ - width_ + 1),
+        table(heads_ * width_), chunks((width_ + kChunk - 1) / kChunk) {
+    chunk_max.assign(heads * chunks, kNegInf);
+    for (int64_t h = 0; h < heads; ++h) {
+      for (int64_t t = 0; t < width; ++t) {
+        const float pe = rtable[h * width + width - 1 - t];
+        table[h * width + t] = pe;
+        float& m = chunk_max[h * chunks + t / kChunk];
+        m = std::max(m, pe);
+      }
+    }
+  }
+
+  void add_row(int64_t h, int64_t i, int64_t /*row*/, int64_t c0, int64_t n, float* s) const {
+    add_run(s, rtable + h * width + (hi - i + c0), n);
+  }
+  void add_col(int64_t h, int64_t i0, int64_t /*row0*/, int64_t j, int64_t n, float* s) const {
+    add_run(s, table.data() + h * width + (i0 - j - lowest), n);
+  }
+  // an upper bound of PE(offset) for offsets lo .. hi_offset (the whole chunks they touch)
+  float bound(int64_t h, int64_t lo, int64_t hi_offset) const {
+    const int64_t first = std::max<int64_t>(lo - lowest, 0) / kChunk;
+    const int64_t last = std::min<int64_t>(hi_offset - lowest, width - 1) / kChunk;
+    float m = kNegInf;
+    for (int64_t c = first; c <= last; ++c) m = std::max(m, chunk_max[h * chunks + c]);
+    return m;
+  }
+
+  struct Grad {
+    std::vector<float> table;  // [heads, width] in offset order
+    explicit Grad(const OffsetBias& b) : table(b.heads * b.width, 0.f) {}
+  };
+  // grad.table[h, offset(i0 + r, j)] += ds[r] for r < n
+  void grad_col(int64_t h, int64_t i0, int64_t /*row0*/, int64_t j, int64_t n, const float* ds,
+                Grad& g) const {
+    add_run(g.table.data() + h * width + (i0 - j - lowest), ds, n);
+  }
+};
+
+struct FireBias {
+  const float* rpsi;  // [width]: psi(|hi - m|), reversed offset order as OffsetBias's rtable
+  int64_t width, hi, lowest;
+  const float* inv_den;  // [q_len]: 1 / (psi(max(L, i)) + eps) per query row
+  int64_t heads, units;
+  const float *w1, *b1, *w2;       // [units], [units], [heads, units]
+  const float *slope, *intercept;  // [heads]
+  std::vector<float> psi;          // [width] in offset order
+
+  FireBias(const float* rpsi_, int64_t width_, int64_t hi_, const float* inv_den_, int64_t heads_,
+           int64_t units_, const float* w1_, const float* b1_, const float* w2_,
+           const float* slope_, const float* intercept_)
+      : rpsi(rpsi_), width(width_), hi(hi_), lowest(hi_ - width_ + 1), inv_den(inv_den_),
+        heads(heads_), units(units_), w1(w1_), b1(b1_), w2(w2_), slope(slope_),
+        intercept(intercept_), psi(width_) {
+    for (int64_t t = 0; t < width; ++t) psi[t] = rpsi[width - 1 - t];
+  }
+
+  // f_h(x[c]) added to s[c], x[c] = xnum[c] * (inv ? inv[c] : inv_one)
+  void add_mlp(int64_t h, const float* xnum, const float* inv, float inv_one, int64_t n,
+               float* s) const {
+    const float* w2h = w2 + h * units;
+    const Vec vslope(slope[h]), vicpt(intercept[h]), zero(0.f);
+    for (int64_t c = 0; c < n; c += Vec::size()) {
+      const int64_t lanes = std::min<int64_t>(Vec::size(), n - c);
+      const Vec vinv = inv ? Vec::loadu(inv + c, lanes) : Vec(inv_one);
+      const Vec x = Vec::loadu(xnum + c, lanes) * vinv;
+      Vec out = at::vec::fmadd(x, vslope, vicpt);
+      for (int64_t u = 0; u < units; ++u) {
+        Vec hidden = at::vec::maximum(at::vec::fmadd(x, Vec(w1[u]), Vec(b1[u])), zero);
+        out = at::vec::fmadd(hidden, Vec(w2h[u]), out);
+      }
+      (Vec::loadu(s + c, lanes) + out).store(s + c, lanes);
+    }
+  }
+  void add_row(int64_t h, int64_t i, int64_t row, int64_t c0, int64_t n, float* s) const {
+    add_mlp(h, rpsi + (hi - i + c0), nullptr, inv_den[row], n, s);
+  }
+  void add_col(int64_t h, int64_t i0, int64_t row0, int64_t j, int64_t n, float* s) const {
+    add_mlp(h, psi.data() + (i0 - j - lowest), inv_den + row0, 0.f, n, s);
+  }
+  float bound(int64_t, int64_t, int64_t) const { return kInf; }  // never skips a block
+
+  struct Grad {
+    std::vector<float> psi, inv;  // [width] in offset order, [q_len]
+    std::vector<Vec> w1, b1, w2, slope, intercept;  // per-lane sums: [units], [units],
+                                                    // [heads, units], [heads], [heads]
+    Grad(const FireBias& b, int64_t q_len)
+        : psi(b.width, 0.f), inv(q_len, 0.f), w1(b.units, Vec(0.f)), b1(b.units, Vec(0.f)),
+          w2(b.heads * b.units, Vec(0.f)), slope(b.heads, Vec(0.f)), intercept(b.heads, Vec(0.f)) {}
+  };
+  // The gradient of sum_r ds[r] f_h(x_r), x_r = psi(|i0 + r - j|) * inv_den[row0 + r]
+  void grad_col(int64_t h, int64_t i0, int64_t row0, int64_t j, int64_t n, const float* ds,
+                Grad& g) const {
+    const int64_t t0 = i0 - j - lowest;
+    const float* p = psi.data() + t0;
+    const float* inv = inv_den + row0;
+    float* dpsi = g.psi.data() + t0;
+    float* dinv = g.inv.data() + row0;
+    const float* w2h = w2 + h * units;
+    Vec* gw2 = g.w2.data() + h * units;
+    const Vec zero(0.f);
+    for (int64_t c = 0; c < n; c += Vec::size()) {
+      const int64_t lanes = std::min<int64_t>(Vec::size(), n - c);
+      const Vec d = Vec::loadu(ds + c, lanes), pv = Vec::loadu(p + c, lanes);
+      const Vec iv = Vec::loadu(inv + c, lanes), x = pv * iv;
+      g.slope[h] = at::vec::fmadd(d, x, g.slope[h]);
+      g.intercept[h] = g.intercept[h] + d;
+      Vec dx = d * Vec(slope[h]);
+      for (int64_t u = 0; u < units; ++u) {
+        const Vec a = at::vec::fmadd(x, Vec(w1[u]), Vec(b1[u]));
+        gw2[u] = at::vec::fmadd(d, at::vec::maximum(a, zero), gw2[u]);
+        const Vec through = (a > zero) & (d * Vec(w2h[u]));  // d f / d a_u, where a_u > 0
+        g.w1[u] = at::vec::fmadd(through, x, g.w1[u]);
+        g.b1[u] = g.b1[u] + through;
+        dx = at::vec::fmadd(through, Vec(w1[u]), dx);
+      }
+      at::vec::fmadd(dx, iv, Vec::loadu(dpsi + c, lanes)).store(dpsi + c, lanes);
+      at::vec::fmadd(dx, pv, Vec::loadu(dinv + c, lanes)).store(dinv + c, lanes);
+    }
+  }
+};
+
+// ---- one call -----------------------------------------------------------------------------
+
 // The shapes and data of one call: q is [batch * heads, q_len, dim] (scaled as it is read),
-// k [batch * heads, k_len, dim], v [batch * heads, k_len, v_dim].
+// k [batch * heads, k_len, dim], v [batch * heads, k_len, v_dim], all float32.
 struct Problem {
   int64_t heads, q_len, k_len, dim, v_dim, q_start;
   bool causal;
   float scale;
   const float *q, *k, *v;
-  float* out;
+  int64_t q_block, kv_block;
 
   // how many keys query rows r0 .. r0 + rows - 1 see (causal: up to the last of them)
   int64_t keys_seen(int64_t r0, int64_t rows) const {
     return causal ? std::min(k_len, q_start + r0 + rows) : k_len;
   }
+  int64_t kv_blocks() const { return (k_len + kv_block - 1) / kv_block; }
 };
 
-// A thread's buffers: one block of q_block query rows and kv_block keys, and the keys of
-// one head transposed ([dim, k_len]), the layout the product q k^T reads.
-struct Workspace {
-  std::vector<float> q, scores, acc, row_max, row_sum, kt;
-  int64_t kt_head = -1, kt_keys = 0;  // kt holds the first kt_keys keys of head kt_head
+// |q_r| / sqrt(d) per row and the largest |k_j| of each block of keys, per head: the bound
+// |q_i k_j| / sqrt(d) <= |q_i| |k_j| / sqrt(d) that decides which blocks can be skipped.
+struct Norms {
+  std::vector<float> q, k_block;  // [bh, q_len], [bh, kv_blocks]
 
-  Workspace(int64_t q_block, int64_t kv_block, const Problem& p)
-      : q(q_block * p.dim), scores(q_block * kv_block), acc(q_block * p.v_dim),
-        row_max(q_block), row_sum(q_block), kt(p.dim * p.k_len) {}
-
-  const float* keys_transposed(const Problem& p, int64_t bh, int64_t keys) {
-    if (kt_head != bh || kt_keys < keys) {
-      const float* k = p.k + bh * p.k_len * p.dim;
-      for (int64_t c = 0; c < keys; ++c) {
-        for (int64_t d = 0; d < p.dim; ++d) kt[d * p.k_len + c] = k[c * p.dim + d];
+  explicit Norms(const Problem& p, int64_t batch_heads)
+      : q(batch_heads * p.q_len), k_block(batch_heads * p.kv_blocks(), 0.f) {
+    at::parallel_for(0, batch_heads, 1, [&](int64_t first, int64_t last) {
+      for (int64_t bh = first; bh < last; ++bh) {
+        for (int64_t r = 0; r < p.q_len; ++r) {
+          q[bh * p.q_len + r] = p.scale * norm(p.q + (bh * p.q_len + r) * p.dim, p.dim);
+        }
+        for (int64_t c = 0; c < p.k_len; ++c) {
+          float& m = k_block[bh * p.kv_blocks() + c / p.kv_block];
+          m = std::max(m, norm(p.k + (bh * p.k_len + c) * p.dim, p.dim));
+        }
       }
-      kt_head = bh;
-      kt_keys = keys;
-    }
-    return kt.data();
+    });
+  }
+  static float norm(const float* x, int64_t n) {
+    float s = 0.f;
+    for (int64_t e = 0; e < n; ++e) s += x[e] * x[e];
+    return std::sqrt(s) * (1.f + 1e-5f);  // a hair above the float32 rounding of the norm
+  }
+  // an upper bound of the scores of rows r0 .. r0 + rows - 1 against key block b of head bh
+  template <typename Bias>
+  float bound(const Problem& p, const Bias& bias, int64_t bh, int64_t r0, int64_t rows,
+              int64_t b) const {
+    const float* qn = q.data() + bh * p.q_len + r0;
+    const float q_max = *std::max_element(qn, qn + rows);
+    const int64_t c0 = b * p.kv_block, c1 = std::min(p.k_len, c0 + p.kv_block) - 1;
+    const int64_t i0 = p.q_start + r0;
+    const float pe = bias.bound(bh % p.heads, i0 - c1, i0 + rows - 1 - c0);
+    return q_max * k_block[bh * p.kv_blocks() + b] + pe;
   }
 };
 
-// Query rows r0 .. r0 + rows - 1 of head bh against every key they see, kv_block keys at a
-// time: scores = q k^T (one matrix product), + bias, folded into a running maximum and
-// sum per row (the online softmax); acc += weights v (a second product).
-template <typename Bias>
-void attend_block(const Problem& p, const Bias& bias, int64_t bh, int64_t r0, int64_t rows,
-                  int64_t kv_block, Workspace& w) {
-  const int64_t h = bh % p.heads;
-  const int64_t i0 = p.q_start + r0;  // the absolute position of the block's first query
-  const int64_t kv_end = p.keys_seen(r0, rows);
-  const float* kt = w.keys_transposed(p, bh, kv_end);
-  const float* q = p.q + (bh * p.q_len + r0) * p.dim;
-  for (int64_t e = 0; e < rows * p.dim; ++e) w.q[e] = q[e] * p.scale;
-  std::fill(w.row_max.begin(), w.row_max.end(), kNegInf);
-  std::fill(w.row_sum.begin(), w.row_sum.end(), 0.f);
-  std::fill(w.acc.begin(), w.acc.end(), 0.f);
-  for (int64_t c0 = 0; c0 < kv_end; c0 += kv_block) {
-    const int64_t cols = std::min(kv_block, kv_end - c0);
-    at::native::cpublas::brgemm(rows, cols, p.dim, p.dim, p.k_len, kv_block, false, w.q.data(),
-                                kt + c0, w.scores.data());
-    for (int64_t r = 0; r < rows; ++r) {
-      float* s = w.scores.data() + r * kv_block;
-      const int64_t i = i0 + r;
-      const int64_t seen = p.causal ? std::clamp<int64_t>(i - c0 + 1, 0, cols) : cols;
-      std::fill(s + seen, s + cols, 0.f);  // future keys: weight 0
-      if (seen == 0) continue;
-      bias.add(h, i, r0 + r, c0, seen, s);
-      const float old_max = w.row_max[r];
-      const float new_max = std::max(old_max, max_of(s, seen));
-      if (new_max == kNegInf) {  // every score so far is -inf: nothing to weigh yet
-        std::fill(s, s + seen, 0.f);
-        continue;
-      }
-      const float sum = exp_sum(s, seen, new_max);  // s becomes exp(s - new_max)
-      const float rescale = old_max == kNegInf ? 0.f : std::exp(old_max - new_max);
-      w.row_sum[r] = w.row_sum[r] * rescale + sum;
-      w.row_max[r] = new_max;
-      if (rescale != 1.f) {
-        float* acc = w.acc.data() + r * p.v_dim;
-        for (int64_t d = 0; d < p.v_dim; ++d) acc[d] *= rescale;
-      }
-    }
-    at::native::cpublas::brgemm(rows, p.v_dim, cols, kv_block, p.v_dim, p.v_dim, true,
-                                w.scores.data(), p.v + (bh * p.k_len + c0) * p.v_dim,
-                                w.acc.data());
-  }
-  float* out = p.out + (bh * p.q_len + r0) * p.v_dim;
-  for (int64_t r = 0; r < rows; ++r) {
-    const float inv_sum = 1.f / w.row_sum[r];
-    for (int64_t d = 0; d < p.v_dim; ++d) out[r * p.v_dim + d] = w.acc[r * p.v_dim + d] * inv_sum;
-  }
-}
+// How many (query block, key block) pairs were computed and skipped: the op's third output.
+struct Counts {
+  std::atomic<int64_t> computed{0}, skipped{0};
+};
 
 // A run of blocks of query rows of one head (blocks first .. last - 1): a thread's unit of
-// work, for which it transposes that head's keys once.
+// work in the forward.
 struct Unit {
   int64_t bh, first, last, cost;
 };
 
 // Every head's blocks cut into runs of about equal cost (scores computed), enough runs to
 // keep every thread busy, the costliest first.
-std::vector<Unit> units_of_work(const Problem& p, int64_t batch_heads, int64_t q_block) {
-  const int64_t q_blocks = (p.q_len + q_block - 1) / q_block;
+std::vector<Unit> units_of_work(const Problem& p, int64_t batch_heads) {
+  const int64_t q_blocks = (p.q_len + p.q_block - 1) / p.q_block;
   const int64_t threads = at::get_num_threads();
   const int64_t runs = std::min(q_blocks, (2 * threads + batch_heads - 1) / batch_heads);
   std::vector<int64_t> cost(q_blocks);
   int64_t total = 0;
   for (int64_t b = 0; b < q_blocks; ++b) {
-    const int64_t rows = std::min(q_block, p.q_len - b * q_block);
-    cost[b] = rows * p.keys_seen(b * q_block, rows);
+    const int64_t rows = std::min(p.q_block, p.q_len - b * p.q_block);
+    cost[b] = rows * p.keys_seen(b * p.q_block, rows);
     total += cost[b];
   }
   std::vector<Unit> units;
@@ -242,45 +346,309 @@ std::vector<Unit> units_of_work(const Problem& p, int64_t batch_heads, int64_t q
   return units;
 }
 
-// Every block of query rows of every head, shared out to the threads.
-template <typename Bias>
-at::Tensor attention(const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in,
-                     const Bias& bias, int64_t q_start, bool causal, int64_t q_block,
-                     int64_t kv_block) {
-  TORCH_CHECK(q_in.dim() == 4 && k_in.dim() == 4 && v_in.dim() == 4,
+// q, k, v (and more) read as contiguous float32 [batch * heads, len, dim]
+at::Tensor as_float(const at::Tensor& t) { return t.to(at::kFloat).contiguous(); }
+
+void check_qkv(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+  TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4,
               "q, k, v must be [batch, heads, len, dim]");
-  TORCH_CHECK(q_in.scalar_type() == at::kFloat && k_in.scalar_type() == at::kFloat &&
-                  v_in.scalar_type() == at::kFloat,
-              "q, k, v must be float32");
-  TORCH_CHECK(k_in.size(0) == q_in.size(0) && k_in.size(1) == q_in.size(1) &&
-                  k_in.size(3) == q_in.size(3) &&
-                  v_in.sizes().slice(0, 3) == k_in.sizes().slice(0, 3),
+  TORCH_CHECK(q.device().is_cpu() && k.device().is_cpu() && v.device().is_cpu(),
+              "q, k, v must be CPU tensors");
+  const auto dtype = q.scalar_type();
+  TORCH_CHECK((dtype == at::kFloat || dtype == at::kBFloat16) && k.scalar_type() == dtype &&
+                  v.scalar_type() == dtype,
+              "q, k, v must all be float32 or all bfloat16");
+  TORCH_CHECK(k.size(0) == q.size(0) && k.size(1) == q.size(1) && k.size(3) == q.size(3) &&
+                  v.sizes().slice(0, 3) == k.sizes().slice(0, 3),
               "q, k, v must agree in batch and heads, q and k in dim, k and v in length");
+}
+
+Problem make_problem(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                     int64_t q_start, bool causal, int64_t q_block, int64_t kv_block) {
   TORCH_CHECK(q_block > 0 && kv_block > 0, "q_block and kv_block must be positive");
-  const auto q = q_in.contiguous();
-  const auto k = k_in.contiguous();
-  const auto v = v_in.contiguous();
+  TORCH_CHECK(k.size(2) > 0 || q.size(2) == 0, "k_len must be positive");
+  return Problem{q.size(1), q.size(2), k.size(2), q.size(3), v.size(3), q_start, causal,
+                 1.f / std::sqrt(static_cast<float>(q.size(3))), q.data_ptr<float>(),
+                 k.data_ptr<float>(), v.data_ptr<float>(), q_block, kv_block};
+}
+
+// ---- forward ----------------------------------------------------------------------------
+
+// A forward thread's buffers: one block of q_block query rows and kv_block keys, and the
+// keys of one head transposed ([dim, k_len]), the layout the product q k^T reads.
+struct ForwardWorkspace {
+  std::vector<float> q, scores, acc, row_max, row_sum, kt;
+  std::vector<std::pair<float, int64_t>> order;  // (bound, key block), visited in this order
+  int64_t kt_head = -1, kt_keys = 0;  // kt holds the first kt_keys keys of head kt_head
+
+  explicit ForwardWorkspace(const Problem& p)
+      : q(p.q_block * p.dim), scores(p.q_block * p.kv_block), acc(p.q_block * p.v_dim),
+        row_max(p.q_block), row_sum(p.q_block), kt(p.dim * p.k_len) {}
+
+  const float* keys_transposed(const Problem& p, int64_t bh, int64_t keys) {
+    if (kt_head != bh || kt_keys < keys) {
+      const float* k = p.k + bh * p.k_len * p.dim;
+      for (int64_t c = 0; c < keys; ++c) {
+        for (int64_t d = 0; d < p.dim; ++d) kt[d * p.k_len + c] = k[c * p.dim + d];
+      }
+      kt_head = bh;
+      kt_keys = keys;
+    }
+    return kt.data();
+  }
+};
+
+// Query rows r0 .. r0 + rows - 1 of head bh against every key they see, kv_block keys at a
+// time, the blocks with the highest bound first: scores = q k^T (one matrix product),
+// + bias, folded into a running maximum and sum per row (the online softmax);
+// acc += weights v (a second product). A block whose bound lies kDropLog below every row's
+// running maximum is skipped.
+template <typename Bias>
+void attend_block(const Problem& p, const Bias& bias, const Norms& norms, int64_t bh,
+                  int64_t r0, int64_t rows, ForwardWorkspace& w, float* out, float* lse,
+                  Counts& counts) {
+  const int64_t h = bh % p.heads, kv_block = p.kv_block;
+  const int64_t i0 = p.q_start + r0;  // the absolute position of the block's first query
+  const int64_t kv_end = p.keys_seen(r0, rows);
+  const float* kt = w.keys_transposed(p, bh, kv_end);
+  const float* q = p.q + (bh * p.q_len + r0) * p.dim;
+  for (int64_t e = 0; e < rows * p.dim; ++e) w.q[e] = q[e] * p.scale;
+  std::fill(w.row_max.begin(), w.row_max.end(), kNegInf);
+  std::fill(w.row_sum.begin(), w.row_sum.end(), 0.f);
+  std::fill(w.acc.begin(), w.acc.end(), 0.f);
+  w.order.clear();
+  for (int64_t b = 0; b * kv_block < kv_end; ++b) {
+    w.order.emplace_back(norms.bound(p, bias, bh, r0, rows, b), b);
+  }
+  std::sort(w.order.begin(), w.order.end(), std::greater<>());
+  int64_t computed = 0, skipped = 0;
+  for (const auto& [bound, b] : w.order) {
+    const float lowest_max = *std::min_element(w.row_max.begin(), w.row_max.begin() + rows);
+    if (bound < lowest_max + kDropLog) {  // every weight of the block would be dropped
+      ++skipped;
+      continue;
+    }
+    ++computed;
+    const int64_t c0 = b * kv_block, cols = std::min(kv_block, kv_end - c0);
+    at::native::cpublas::brgemm(rows, cols, p.dim, p.dim, p.k_len, kv_block, false, w.q.data(),
+                                kt + c0, w.scores.data());
+    for (int64_t r = 0; r < rows; ++r) {
+      float* s = w.scores.data() + r * kv_block;
+      const int64_t i = i0 + r;
+      const int64_t seen = p.causal ? std::clamp<int64_t>(i - c0 + 1, 0, cols) : cols;
+      std::fill(s + seen, s + cols, 0.f);  // future keys: weight 0
+      if (seen == 0) continue;
+      bias.add_row(h, i, r0 + r, c0, seen, s);
+      const float old_max = w.row_max[r];
+      const float new_max = std::max(old_max, max_of(s, seen));
+      if (new_max == kNegInf) {  // every score so far is -inf: nothing to weigh yet
+        std::fill(s, s + seen, 0.f);
+        continue;
+      }
+      const float sum = exp_sum(s, seen, new_max);  // s becomes exp(s - new_max)
+      const float rescale = old_max == kNegInf ? 0.f : exp_or_zero(old_max - new_max);
+      w.row_sum[r] = w.row_sum[r] * rescale + sum;
+      w.row_max[r] = new_max;
+      if (rescale != 1.f) {
+        float* acc = w.acc.data() + r * p.v_dim;
+        for (int64_t d = 0; d < p.v_dim; ++d) acc[d] *= rescale;
+      }
+    }
+    at::native::cpublas::brgemm(rows, p.v_dim, cols, kv_block, p.v_dim, p.v_dim, true,
+                                w.scores.data(), p.v + (bh * p.k_len + c0) * p.v_dim,
+                                w.acc.data());
+  }
+  counts.computed += computed;
+  counts.skipped += skipped;
+  float* o = out + (bh * p.q_len + r0) * p.v_dim;
+  for (int64_t r = 0; r < rows; ++r) {
+    const float inv_sum = 1.f / w.row_sum[r];
+    for (int64_t d = 0; d < p.v_dim; ++d) o[r * p.v_dim + d] = w.acc[r * p.v_dim + d] * inv_sum;
+    lse[bh * p.q_len + r0 + r] = w.row_max[r] + std::log(w.row_sum[r]);
+  }
+}
+
+// Every block of query rows of every head, shared out to the threads. Returns the output
+// [batch, heads, q_len, v_dim] (float32, whatever q's dtype: the caller rounds it, and the
+// backward reads the float32 one), the log-sum-exp of each row [batch, heads, q_len]
+// (float32) and the (computed, skipped) counts of blocks.
+template <typename Bias>
+std::tuple<at::Tensor, at::Tensor, at::Tensor> forward(const at::Tensor& q_in,
+                                                       const at::Tensor& k_in,
+                                                       const at::Tensor& v_in, const Bias& bias,
+                                                       int64_t q_start, bool causal,
+                                                       int64_t q_block, int64_t kv_block) {
+  const auto q = as_float(q_in), k = as_float(k_in), v = as_float(v_in);
   const int64_t batch_heads = q.size(0) * q.size(1), q_len = q.size(2);
   auto out = at::empty({q.size(0), q.size(1), q_len, v.size(3)}, q.options());
-  if (q_len == 0) return out;
-  TORCH_CHECK(k.size(2) > 0, "k_len must be positive");
-  const Problem p{q.size(1), q_len, k.size(2), q.size(3), v.size(3), q_start, causal,
-                  1.f / std::sqrt(static_cast<float>(q.size(3))), q.data_ptr<float>(),
-                  k.data_ptr<float>(), v.data_ptr<float>(), out.data_ptr<float>()};
-  const std::vector<Unit> units = units_of_work(p, batch_heads, q_block);
+  auto lse = at::empty({q.size(0), q.size(1), q_len}, q.options());
+  auto counts_out = at::zeros({2}, q.options().dtype(at::kLong));
+  if (q_len == 0) return {out, lse, counts_out};
+  const Problem p = make_problem(q, k, v, q_start, causal, q_block, kv_block);
+  const Norms norms(p, batch_heads);
+  const std::vector<Unit> units = units_of_work(p, batch_heads);
+  Counts counts;
   std::atomic<size_t> next{0};
   at::parallel_for(0, at::get_num_threads(), 1, [&](int64_t, int64_t) {
-    Workspace w(q_block, kv_block, p);
+    ForwardWorkspace w(p);
     for (size_t u = next++; u < units.size(); u = next++) {  // whichever thread is free
       for (int64_t b = units[u].last - 1; b >= units[u].first; --b) {
         const int64_t r0 = b * q_block;
-        attend_block(p, bias, units[u].bh, r0, std::min(q_block, q_len - r0), kv_block, w);
+        attend_block(p, bias, norms, units[u].bh, r0, std::min(q_block, q_len - r0), w,
+                     out.data_ptr<float>(), lse.data_ptr<float>(), counts);
       }
     }
     at::native::cpublas::brgemm_release(false);
   });
-  return out;
+  counts_out[0] = counts.computed.load();
+  counts_out[1] = counts.skipped.load();
+  return {out, lse, counts_out};
 }
+
+// ---- backward ---------------------------------------------------------------------------
+
+// A backward thread's buffers for one head: q / sqrt(d) in both layouts, dO and K
+// transposed, dQ^T accumulated, rowsum(dO o O), and one block of S^T and dP^T.
+struct BackwardWorkspace {
+  std::vector<float> qs, qs_t, dout_t, k_t, dq_t, delta, st, dpt;
+
+  explicit BackwardWorkspace(const Problem& p)
+      : qs(p.q_len * p.dim), qs_t(p.dim * p.q_len), dout_t(p.v_dim * p.q_len),
+        k_t(p.dim * p.k_len), dq_t(p.dim * p.q_len), delta(p.q_len),
+        st(p.kv_block * p.q_block), dpt(p.kv_block * p.q_block) {}
+};
+
+// The gradients of head bh: dq, dk, dv written, the bias's gradient added to grad.
+template <typename Bias>
+void backward_head(const Problem& p, const Bias& bias, const Norms& norms, int64_t bh,
+                   const float* out, const float* dout, const float* lse, float* dq, float* dk,
+                   float* dv, BackwardWorkspace& w, typename Bias::Grad& grad, Counts& counts) {
+  const int64_t h = bh % p.heads, d = p.dim, dvd = p.v_dim;
+  const int64_t qb = p.q_block, kb = p.kv_block;
+  const float* q = p.q + bh * p.q_len * d;
+  const float* k = p.k + bh * p.k_len * d;
+  const float* v = p.v + bh * p.k_len * dvd;
+  out += bh * p.q_len * dvd;
+  dout += bh * p.q_len * dvd;
+  lse += bh * p.q_len;
+  dq += bh * p.q_len * d;
+  dk += bh * p.k_len * d;
+  dv += bh * p.k_len * dvd;
+  for (int64_t r = 0; r < p.q_len; ++r) {
+    float delta = 0.f;
+    for (int64_t e = 0; e < dvd; ++e) {
+      delta += dout[r * dvd + e] * out[r * dvd + e];
+      w.dout_t[e * p.q_len + r] = dout[r * dvd + e];
+    }
+    w.delta[r] = delta;
+    for (int64_t e = 0; e < d; ++e) {
+      w.qs[r * d + e] = w.qs_t[e * p.q_len + r] = q[r * d + e] * p.scale;
+    }
+  }
+  for (int64_t c = 0; c < p.k_len; ++c) {
+    for (int64_t e = 0; e < d; ++e) w.k_t[e * p.k_len + c] = k[c * d + e];
+  }
+  std::fill(w.dq_t.begin(), w.dq_t.end(), 0.f);
+  std::fill(dk, dk + p.k_len * d, 0.f);
+  std::fill(dv, dv + p.k_len * dvd, 0.f);
+  int64_t computed = 0, skipped = 0;
+  for (int64_t c0 = 0, b = 0; c0 < p.k_len; c0 += kb, ++b) {
+    const int64_t cols = std::min(kb, p.k_len - c0);
+    // causal: the first query row that sees key c0 (i = q_start + r >= c0)
+    const int64_t first_row = p.causal ? std::max<int64_t>(c0 - p.q_start, 0) / qb * qb : 0;
+    for (int64_t r0 = first_row; r0 < p.q_len; r0 += qb) {
+      const int64_t rows = std::min(qb, p.q_len - r0), i0 = p.q_start + r0;
+      const float lowest_lse = *std::min_element(lse + r0, lse + r0 + rows);
+      if (norms.bound(p, bias, bh, r0, rows, b) < lowest_lse + kDropLog) {
+        ++skipped;
+        continue;
+      }
+      ++computed;
+      float* st = w.st.data();
+      float* dpt = w.dpt.data();
+      at::native::cpublas::brgemm(cols, rows, d, d, p.q_len, qb, false, k + c0 * d,
+                                  w.qs_t.data() + r0, st);
+      at::native::cpublas::brgemm(cols, rows, dvd, dvd, p.q_len, qb, false, v + c0 * dvd,
+                                  w.dout_t.data() + r0, dpt);
+      for (int64_t c = 0; c < cols; ++c) {
+        const int64_t j = c0 + c;
+        float* s = st + c * qb;   // becomes P^T's column: the weights of key j
+        float* ds = dpt + c * qb;  // dP^T, becomes dS^T
+        // causal: rows r >= j - i0 see key j
+        const int64_t lo = p.causal ? std::clamp<int64_t>(j - i0, 0, rows) : 0;
+        std::fill(s, s + lo, 0.f);
+        std::fill(ds, ds + lo, 0.f);
+        const int64_t n = rows - lo;
+        if (n == 0) continue;
+        bias.add_col(h, i0 + lo, r0 + lo, j, n, s + lo);
+        exp_sum(s + lo, n, 0.f, lse + r0 + lo);
+        const float* delta = w.delta.data() + r0 + lo;
+        int64_t r = 0;
+        for (; r + Vec::size() <= n; r += Vec::size()) {
+          const Vec pr = Vec::loadu(s + lo + r);
+          (pr * (Vec::loadu(ds + lo + r) - Vec::loadu(delta + r))).store(ds + lo + r);
+        }
+        for (; r < n; ++r) ds[lo + r] = s[lo + r] * (ds[lo + r] - delta[r]);
+        bias.grad_col(h, i0 + lo, r0 + lo, j, n, ds + lo, grad);
+      }
+      at::native::cpublas::brgemm(cols, dvd, rows, qb, dvd, dvd, true, st, dout + r0 * dvd,
+                                  dv + c0 * dvd);
+      at::native::cpublas::brgemm(cols, d, rows, qb, d, d, true, dpt, w.qs.data() + r0 * d,
+                                  dk + c0 * d);
+      at::native::cpublas::brgemm(d, rows, cols, p.k_len, qb, p.q_len, true, w.k_t.data() + c0,
+                                  dpt, w.dq_t.data() + r0);
+    }
+  }
+  counts.computed += computed;
+  counts.skipped += skipped;
+  for (int64_t r = 0; r < p.q_len; ++r) {
+    for (int64_t e = 0; e < d; ++e) dq[r * d + e] = w.dq_t[e * p.q_len + r] * p.scale;
+  }
+}
+
+// The gradients of q, k, v (in q's dtype), each thread taking whole heads, and each thread's
+// gradient of the bias (merged by the caller).
+template <typename Bias, typename MakeGrad>
+std::tuple<at::Tensor, at::Tensor, at::Tensor, std::vector<typename Bias::Grad>> backward(
+    const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in,
+    const at::Tensor& out_in, const at::Tensor& dout_in, const at::Tensor& lse_in,
+    const Bias& bias, int64_t q_start, bool causal, int64_t q_block, int64_t kv_block,
+    MakeGrad make_grad) {
+  const auto q = as_float(q_in), k = as_float(k_in), v = as_float(v_in);
+  const auto out = as_float(out_in), dout = as_float(dout_in), lse = as_float(lse_in);
+  TORCH_CHECK(out.sizes() == dout.sizes() && out.size(0) == q.size(0) &&
+                  out.size(1) == q.size(1) && out.size(2) == q.size(2) &&
+                  out.size(3) == v.size(3),
+              "out and dout must be [batch, heads, q_len, v_dim]");
+  TORCH_CHECK(lse.dim() == 3 && lse.sizes() == q.sizes().slice(0, 3),
+              "lse must be [batch, heads, q_len]");
+  const int64_t batch_heads = q.size(0) * q.size(1);
+  auto dq = at::zeros_like(q), dk = at::zeros_like(k), dv = at::zeros_like(v);
+  std::vector<typename Bias::Grad> grads;
+  const int64_t threads = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(),
+                                                                  batch_heads));
+  for (int64_t t = 0; t < threads; ++t) grads.push_back(make_grad());
+  if (q.size(2) > 0) {
+    const Problem p = make_problem(q, k, v, q_start, causal, q_block, kv_block);
+    const Norms norms(p, batch_heads);
+    Counts counts;
+    std::atomic<int64_t> next{0}, slot{0};
+    at::parallel_for(0, threads, 1, [&](int64_t, int64_t) {
+      const int64_t mine = slot++;
+      BackwardWorkspace w(p);
+      for (int64_t bh = next++; bh < batch_heads; bh = next++) {
+        backward_head(p, bias, norms, bh, out.data_ptr<float>(), dout.data_ptr<float>(),
+                      lse.data_ptr<float>(), dq.data_ptr<float>(), dk.data_ptr<float>(),
+                      dv.data_ptr<float>(), w, grads[mine], counts);
+      }
+      at::native::cpublas::brgemm_release(false);
+    });
+  }
+  const auto dtype = q_in.scalar_type();
+  return {dq.to(dtype), dk.to(dtype), dv.to(dtype), std::move(grads)};
+}
+
+// ---- the ops -------------------------------------------------------------------------------
 
 void check_float_contiguous(const at::Tensor& t, const char* name) {
   TORCH_CHECK(t.scalar_type() == at::kFloat && t.is_contiguous() && t.device().is_cpu(),
@@ -295,21 +663,46 @@ void check_covers(const at::Tensor& q, const at::Tensor& k, int64_t hi, int64_t 
               " does not cover the offsets of this attention");
 }
 
-at::Tensor offset_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                            const at::Tensor& rtable, int64_t hi, int64_t q_start, bool causal,
-                            int64_t q_block, int64_t kv_block) {
+OffsetBias offset_bias(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                       const at::Tensor& rtable, int64_t hi, int64_t q_start) {
+  check_qkv(q, k, v);
   check_float_contiguous(rtable, "rtable");
   TORCH_CHECK(rtable.dim() == 2 && rtable.size(0) == q.size(1), "rtable must be [heads, width]");
   check_covers(q, k, hi, q_start, rtable.size(1), "rtable");
-  OffsetBias bias{rtable.data_ptr<float>(), rtable.size(1), hi};
-  return attention(q, k, v, bias, q_start, causal, q_block, kv_block);
+  return OffsetBias(rtable.data_ptr<float>(), rtable.size(0), rtable.size(1), hi);
 }
 
-at::Tensor fire_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                          const at::Tensor& rpsi, int64_t hi, const at::Tensor& inv_den,
-                          const at::Tensor& w1, const at::Tensor& b1, const at::Tensor& w2,
-                          const at::Tensor& slope, const at::Tensor& intercept, int64_t q_start,
-                          bool causal, int64_t q_block, int64_t kv_block) {
+std::tuple<at::Tensor, at::Tensor, at::Tensor> offset_forward(
+    const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& rtable,
+    int64_t hi, int64_t q_start, bool causal, int64_t q_block, int64_t kv_block) {
+  const OffsetBias bias = offset_bias(q, k, v, rtable, hi, q_start);
+  return forward(q, k, v, bias, q_start, causal, q_block, kv_block);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> offset_backward(
+    const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out,
+    const at::Tensor& dout, const at::Tensor& lse, const at::Tensor& rtable, int64_t hi,
+    int64_t q_start, bool causal, int64_t q_block, int64_t kv_block) {
+  const OffsetBias bias = offset_bias(q, k, v, rtable, hi, q_start);
+  auto [dq, dk, dv, grads] = backward(q, k, v, out, dout, lse, bias, q_start, causal, q_block,
+                                      kv_block, [&] { return OffsetBias::Grad(bias); });
+  auto drtable = at::zeros_like(rtable);
+  float* dr = drtable.data_ptr<float>();
+  for (const auto& g : grads) {
+    for (int64_t h = 0; h < bias.heads; ++h) {
+      for (int64_t t = 0; t < bias.width; ++t) {
+        dr[h * bias.width + bias.width - 1 - t] += g.table[h * bias.width + t];
+      }
+    }
+  }
+  return {dq, dk, dv, drtable};
+}
+
+FireBias fire_bias(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                   const at::Tensor& rpsi, int64_t hi, const at::Tensor& inv_den,
+                   const at::Tensor& w1, const at::Tensor& b1, const at::Tensor& w2,
+                   const at::Tensor& slope, const at::Tensor& intercept, int64_t q_start) {
+  check_qkv(q, k, v);
   for (auto [t, name] : {std::pair{&rpsi, "rpsi"}, {&inv_den, "inv_den"}, {&w1, "w1"},
                          {&b1, "b1"}, {&w2, "w2"}, {&slope, "slope"}, {&intercept, "intercept"}}) {
     check_float_contiguous(*t, name);
@@ -319,23 +712,75 @@ at::Tensor fire_attention(const at::Tensor& q, const at::Tensor& k, const at::Te
                   intercept.numel() == heads && inv_den.numel() == q.size(2),
               "FIRE's weights do not match the heads and hidden units");
   check_covers(q, k, hi, q_start, rpsi.numel(), "rpsi");
-  FireBias bias{rpsi.data_ptr<float>(), rpsi.numel(), hi, inv_den.data_ptr<float>(), units,
-                w1.data_ptr<float>(), b1.data_ptr<float>(), w2.data_ptr<float>(),
-                slope.data_ptr<float>(), intercept.data_ptr<float>()};
-  return attention(q, k, v, bias, q_start, causal, q_block, kv_block);
+  return FireBias(rpsi.data_ptr<float>(), rpsi.numel(), hi, inv_den.data_ptr<float>(), heads,
+                  units, w1.data_ptr<float>(), b1.data_ptr<float>(), w2.data_ptr<float>(),
+                  slope.data_ptr<float>(), intercept.data_ptr<float>());
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> fire_forward(
+    const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& rpsi,
+    int64_t hi, const at::Tensor& inv_den, const at::Tensor& w1, const at::Tensor& b1,
+    const at::Tensor& w2, const at::Tensor& slope, const at::Tensor& intercept, int64_t q_start,
+    bool causal, int64_t q_block, int64_t kv_block) {
+  const FireBias bias = fire_bias(q, k, v, rpsi, hi, inv_den, w1, b1, w2, slope, intercept,
+                                  q_start);
+  return forward(q, k, v, bias, q_start, causal, q_block, kv_block);
+}
+
+std::vector<at::Tensor> fire_backward(const at::Tensor& q, const at::Tensor& k,
+                                      const at::Tensor& v, const at::Tensor& out,
+                                      const at::Tensor& dout, const at::Tensor& lse,
+                                      const at::Tensor& rpsi, int64_t hi, const at::Tensor& inv_den,
+                                      const at::Tensor& w1, const at::Tensor& b1,
+                                      const at::Tensor& w2, const at::Tensor& slope,
+                                      const at::Tensor& intercept, int64_t q_start, bool causal,
+                                      int64_t q_block, int64_t kv_block) {
+  const FireBias bias = fire_bias(q, k, v, rpsi, hi, inv_den, w1, b1, w2, slope, intercept,
+                                  q_start);
+  const int64_t q_len = q.size(2);
+  auto [dq, dk, dv, grads] = backward(q, k, v, out, dout, lse, bias, q_start, causal, q_block,
+                                      kv_block, [&] { return FireBias::Grad(bias, q_len); });
+  auto drpsi = at::zeros_like(rpsi), dinv = at::zeros_like(inv_den), dw1 = at::zeros_like(w1),
+       db1 = at::zeros_like(b1), dw2 = at::zeros_like(w2), dslope = at::zeros_like(slope),
+       dintercept = at::zeros_like(intercept);
+  float *pr = drpsi.data_ptr<float>(), *pi = dinv.data_ptr<float>();
+  for (const auto& g : grads) {
+    for (int64_t t = 0; t < bias.width; ++t) pr[bias.width - 1 - t] += g.psi[t];
+    for (int64_t r = 0; r < q_len; ++r) pi[r] += g.inv[r];
+    for (int64_t u = 0; u < bias.units; ++u) {
+      dw1.data_ptr<float>()[u] += lane_sum(g.w1[u]);
+      db1.data_ptr<float>()[u] += lane_sum(g.b1[u]);
+    }
+    for (int64_t e = 0; e < bias.heads * bias.units; ++e) {
+      dw2.data_ptr<float>()[e] += lane_sum(g.w2[e]);
+    }
+    for (int64_t h = 0; h < bias.heads; ++h) {
+      dslope.data_ptr<float>()[h] += lane_sum(g.slope[h]);
+      dintercept.data_ptr<float>()[h] += lane_sum(g.intercept[h]);
+    }
+  }
+  return {dq, dk, dv, drpsi, dinv, dw1, db1, dw2, dslope, dintercept};
 }
 
 }  // namespace
 
 TORCH_LIBRARY(relbias_fused, m) {
-  m.def("offset_attention(Tensor q, Tensor k, Tensor v, Tensor rtable, int hi, int q_start, "
-        "bool causal, int q_block, int kv_block) -> Tensor");
-  m.def("fire_attention(Tensor q, Tensor k, Tensor v, Tensor rpsi, int hi, Tensor inv_den, "
+  m.def("offset_forward(Tensor q, Tensor k, Tensor v, Tensor rtable, int hi, int q_start, "
+        "bool causal, int q_block, int kv_block) -> (Tensor, Tensor, Tensor)");
+  m.def("offset_backward(Tensor q, Tensor k, Tensor v, Tensor out, Tensor dout, Tensor lse, "
+        "Tensor rtable, int hi, int q_start, bool causal, int q_block, int kv_block) "
+        "-> (Tensor, Tensor, Tensor, Tensor)");
+  m.def("fire_forward(Tensor q, Tensor k, Tensor v, Tensor rpsi, int hi, Tensor inv_den, "
         "Tensor w1, Tensor b1, Tensor w2, Tensor slope, Tensor intercept, int q_start, "
-        "bool causal, int q_block, int kv_block) -> Tensor");
+        "bool causal, int q_block, int kv_block) -> (Tensor, Tensor, Tensor)");
+  m.def("fire_backward(Tensor q, Tensor k, Tensor v, Tensor out, Tensor dout, Tensor lse, "
+        "Tensor rpsi, int hi, Tensor inv_den, Tensor w1, Tensor b1, Tensor w2, Tensor slope, "
+        "Tensor intercept, int q_start, bool causal, int q_block, int kv_block) -> Tensor[]");
 }
 
 TORCH_LIBRARY_IMPL(relbias_fused, CPU, m) {
-  m.impl("offset_attention", &offset_attention);
-  m.impl("fire_attention", &fire_attention);
+  m.impl("offset_forward", &offset_forward);
+  m.impl("offset_backward", &offset_backward);
+  m.impl("fire_forward", &fire_forward);
+  m.impl("fire_backward", &fire_backward);
 }
