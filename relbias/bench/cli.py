@@ -78,10 +78,28 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--memory-timeout", type=float, default=3600)
     p.add_argument(
-        "--no-flush-denormal",
-        dest="flush_denormal",
+        "--flush-denormal",
+        action="store_true",
+        help="flush denormal floats for the whole run (torch.set_flush_denormal(True)); by "
+        "default the run keeps PyTorch's default, as a user's process does",
+    )
+    p.add_argument(
+        "--no-flush-denormal-rows",
+        dest="flush_denormal_rows",
         action="store_false",
-        help="keep denormal floats (slow on x86: strong biases underflow exp)",
+        help="skip the separate rows timed with denormals flushed",
+    )
+    p.add_argument(
+        "--no-training-memory",
+        dest="training_memory",
+        action="store_false",
+        help="skip the peak memory of a training step at the largest length",
+    )
+    p.add_argument(
+        "--no-bf16-accuracy",
+        dest="bf16_accuracy",
+        action="store_false",
+        help="skip the fused kernel's bfloat16 accuracy against float32",
     )
     p.add_argument(
         "--out",
@@ -123,6 +141,9 @@ def _config(parser: argparse.ArgumentParser, args, argv) -> BenchConfig:
         max_dense_gib=args.max_dense_gib,
         memory_timeout=args.memory_timeout,
         flush_denormal=args.flush_denormal,
+        flush_denormal_rows=args.flush_denormal_rows,
+        training_memory=args.training_memory,
+        bf16_accuracy=args.bf16_accuracy,
         out=out,
         argv=list(sys.argv[1:] if argv is None else argv),
     )

@@ -35,6 +35,14 @@ class BenchConfig:
     ``repeats=None`` times 5 repeats for n <= 2048, 3 for n <= 8192, 2 above. ``out`` is
     where the command line writes the report (``"-"``: nowhere); ``argv`` the command
     line's arguments, recorded in the report.
+
+    Everything runs under PyTorch's default settings (denormal floats kept), as a user's
+    process does; ``flush_denormal=True`` switches denormals off for the whole run
+    instead. ``flush_denormal_rows`` adds the forward at the goal length (n = 4,096, or
+    the largest below) timed again with denormals flushed, as separate rows (pass
+    ``forward_flush_denormal``). ``training_memory`` measures the peak memory of a
+    training step (forward and backward) at the largest length, ``bf16_accuracy`` the
+    fused kernel's bfloat16 error against float32.
     """
 
     lengths: list[int] = field(default_factory=lambda: list(FULL_LENGTHS))
@@ -51,7 +59,10 @@ class BenchConfig:
     memory: bool = True
     max_dense_gib: float = 4.0
     memory_timeout: float = 3600.0
-    flush_denormal: bool = True
+    flush_denormal: bool = False
+    flush_denormal_rows: bool = True
+    training_memory: bool = True
+    bf16_accuracy: bool = True
     out: str = "-"
     argv: list[str] = field(default_factory=list)
 
@@ -82,7 +93,14 @@ class BenchConfig:
             raise ConfigError("dtype", f"must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
         _check_number("max_dense_gib", self.max_dense_gib, allow_zero=True)
         _check_number("memory_timeout", self.memory_timeout, allow_zero=False)
-        for name in ("backward", "memory", "flush_denormal"):
+        for name in (
+            "backward",
+            "memory",
+            "flush_denormal",
+            "flush_denormal_rows",
+            "training_memory",
+            "bf16_accuracy",
+        ):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(name, f"must be True or False, got {getattr(self, name)!r}")
         if not isinstance(self.out, str) or not self.out:

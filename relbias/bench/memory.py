@@ -23,7 +23,10 @@ MEMORY_METHOD = (
     "before the call (the output, the bias, all temporaries, kernel workspace). peak_bytes = "
     "peak_extra_bytes + the bytes of q, k, v (the memory of the attention call, inputs "
     "included); memory ratios are of peak_bytes. persistent_bytes = RSS growth during the "
-    "warm-up call (caches such as x-transformers' stored ALiBi bias, compiled code)."
+    "warm-up call (caches such as x-transformers' stored ALiBi bias, compiled code). A "
+    "training step (pass training_memory) is one forward and backward of "
+    "out.float().square().mean() with q, k, v requiring gradients: its peak includes their "
+    "gradients and what the forward keeps for the backward."
 )
 #: The worker prints its rows on one line that starts with this.
 RESULT_PREFIX = "MEMORY-RESULT "
@@ -46,19 +49,30 @@ def _reset_peak() -> bool:
         return False
 
 
-def _peak(fn, q, k, v) -> dict:
+def _call(fn, q, k, v, backward: bool):
+    """One call of ``fn`` (and its backward, the gradients then dropped)."""
+    if not backward:
+        with torch.no_grad():
+            return fn(q, k, v)
+    out = fn(q, k, v)
+    out.float().square().mean().backward()
+    for t in (q, k, v):
+        t.grad = None
+    return out.detach()
+
+
+def _peak(fn, q, k, v, backward: bool = False) -> dict:
     """The memory of one call of ``fn`` after a warm-up call (see :data:`MEMORY_METHOD`)."""
-    with torch.no_grad():
-        gc.collect()
-        before = _proc_status("VmRSS")
-        fn(q, k, v)
-        gc.collect()
-        if not _reset_peak():
-            raise RuntimeError("cannot reset the peak RSS (/proc/self/clear_refs)")
-        ready = _proc_status("VmRSS")
-        out = fn(q, k, v)
-        peak = _proc_status("VmHWM")
-        del out
+    gc.collect()
+    before = _proc_status("VmRSS")
+    _call(fn, q, k, v, backward)
+    gc.collect()
+    if not _reset_peak():
+        raise RuntimeError("cannot reset the peak RSS (/proc/self/clear_refs)")
+    ready = _proc_status("VmRSS")
+    out = _call(fn, q, k, v, backward)
+    peak = _proc_status("VmHWM")
+    del out
     input_bytes = sum(t.numel() * t.element_size() for t in (q, k, v))
     return {
         "peak_extra_bytes": peak - ready,
@@ -73,12 +87,14 @@ def memory_worker(spec: dict) -> list[dict]:
     n, heads = spec["n"], spec["heads"]
     rows = []
     with torch_settings(spec["threads"], spec["flush_denormal"]):
-        q, k, v = inputs(n, heads, spec["head_dim"], getattr(torch, spec["dtype"]), spec["seed"])
+        backward = spec.get("backward", False)
+        dtype = getattr(torch, spec["dtype"])
+        q, k, v = inputs(n, heads, spec["head_dim"], dtype, spec["seed"], grad=backward)
         for family, method in spec["jobs"]:
             row = {"family": family, "method": method, "n": n}
             try:
                 module = bias_module(family, heads, spec["seed"]) if family else None
-                row.update(_peak(runner(method, family, module, heads), q, k, v))
+                row.update(_peak(runner(method, family, module, heads), q, k, v, backward))
             except Exception as err:
                 row["error"] = f"{type(err).__name__}: {err}"[:300]
             rows.append(row)
@@ -93,8 +109,9 @@ def worker_main(spec_json: str) -> int:
     return 0
 
 
-def measure_memory(n: int, jobs, config: BenchConfig, log) -> list[dict]:
-    """Peak memory of ``jobs`` (``[family, method]`` pairs) at length n, in a subprocess."""
+def measure_memory(n: int, jobs, config: BenchConfig, log, backward: bool = False) -> list[dict]:
+    """Peak memory of ``jobs`` (``[family, method]`` pairs) at length n, in a subprocess:
+    of the forward, or with ``backward`` of a training step."""
     spec = {
         "n": n,
         "heads": config.heads,
@@ -104,10 +121,12 @@ def measure_memory(n: int, jobs, config: BenchConfig, log) -> list[dict]:
         "threads": config.threads,
         "flush_denormal": config.flush_denormal,
         "jobs": jobs,
+        "backward": backward,
     }
     env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536", "MALLOC_TRIM_THRESHOLD_": "0"}
     cmd = [sys.executable, "-m", "relbias.bench", "--memory-worker", json.dumps(spec)]
-    log(f"  memory n={n}: {len(jobs)} measurements in a subprocess")
+    what = "training-step memory" if backward else "memory"
+    log(f"  {what} n={n}: {len(jobs)} measurements in a subprocess")
     proc = subprocess.run(
         cmd, capture_output=True, text=True, env=env, timeout=config.memory_timeout
     )

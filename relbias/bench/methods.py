@@ -35,12 +35,15 @@ METHOD_NOTES = {
     "flex": "relbias.biased_attention(backend='flex'): compiled FlexAttention, score_mod "
     "reads the O(n) table (FIRE: computes its MLP per score), causal block mask",
     "fused": "relbias.biased_attention(backend='fused'): relbias's C++ CPU kernel "
-    "(relbias/attention/csrc/fused_attention.cpp; forward only, float32): "
+    "(relbias/attention/csrc/fused_attention.cpp; float32 arithmetic): "
     f"blocks of {fused.Q_BLOCK} "
     f"query rows x {fused.KV_BLOCK} keys (each thread transposes one head's keys at a time), "
     "scores by oneDNN's brgemm, the bias added in place "
     "(offset-only: a run of the reversed O(n) table; FIRE: its folded MLP per score), online "
-    "softmax, no block above the causal diagonal",
+    "softmax, no block above the causal diagonal; weights below 2^-64 of their row's largest "
+    "dropped (no denormal is formed) and key blocks whose bound lies below that skipped "
+    "(blocks_skipped); backward: FlashAttention-2's from the saved log-sum-exp, per head, "
+    "the bias's gradient reduced per offset (FIRE: through its MLP per score)",
     "xt": "x-transformers RelativePositionBias / AlibiPositionalBias -> [H, n, n] bias, "
     "applied by x_transformers.attend.Attend(causal=True) (its default einsum path)",
     "hf_t5": "transformers T5Attention(is_decoder=True).compute_bias -> [1, H, n, n] bias, "
@@ -76,8 +79,6 @@ def applicable(
         return "no reference implementation of this family"
     if backward and method == "flex" and not torch.cuda.is_available():
         return "FlexAttention has no backward on the CPU"
-    if backward and method == "fused":
-        return "the fused kernel runs forward only"
     if method == "fused" and not fused.available():
         return f"the fused kernel could not be built: {fused.unavailable_reason()}"
     copies = DENSE_COPIES.get(method)

@@ -14,6 +14,8 @@ import torch
 
 from relbias._stored import read_json
 from relbias.attention import flex
+from relbias.attention.fused import available as fused_available
+from relbias.bench.accuracy import bfloat16_accuracy
 from relbias.bench.config import BenchConfig
 from relbias.bench.goals import evaluate_goals, index
 from relbias.bench.memory import MEMORY_METHOD, measure_memory
@@ -33,7 +35,7 @@ def run(config: BenchConfig, log=print) -> dict:
         return _run(config, log)
 
 
-def _timed_rows(n, backward, methods, config, log) -> list[dict]:
+def _timed_rows(n, backward, methods, config, log, pass_=None) -> list[dict]:
     """The timing rows of every family at length n: the pooled floor, then each method."""
     samples: list[float] = []
     per_family = {
@@ -41,7 +43,7 @@ def _timed_rows(n, backward, methods, config, log) -> list[dict]:
         for family in config.families
     }
     floor_median = statistics.median(samples) if samples else None
-    pass_ = "forward_backward" if backward else "forward"
+    pass_ = pass_ or ("forward_backward" if backward else "forward")
     rows = []
     if floor_median:
         rows.append(
@@ -67,21 +69,27 @@ def _timed_rows(n, backward, methods, config, log) -> list[dict]:
     return rows
 
 
-def _memory_rows(n, methods, config, log) -> list[dict]:
+def _memory_rows(n, methods, config, log, backward=False) -> list[dict]:
     jobs = [[None, "sdpa"]] + [
         [family, method]
         for family in config.families
         for method in methods
-        if not applicable(method, family, n, config.heads, config.max_dense_gib, False)
+        if not applicable(method, family, n, config.heads, config.max_dense_gib, backward)
     ]
-    mem = measure_memory(n, jobs, config, log)
+    mem = measure_memory(n, jobs, config, log, backward=backward)
     floor = next((r for r in mem if r["method"] == "sdpa" and "peak_bytes" in r), None)
     for r in mem:
-        r["pass"] = "memory"
+        r["pass"] = "training_memory" if backward else "memory"
         if floor and "peak_bytes" in r:
             r["ratio_to_floor"] = r["peak_bytes"] / floor["peak_bytes"]
             r["extra_ratio_to_floor"] = r["peak_extra_bytes"] / max(1, floor["peak_extra_bytes"])
     return mem
+
+
+def goal_length(lengths) -> int:
+    """The length of the forward goal: 4,096, else the largest below it, else the least."""
+    below = [n for n in lengths if n <= 4096]
+    return max(below) if below else min(lengths)
 
 
 def _run(config: BenchConfig, log) -> dict:
@@ -94,6 +102,29 @@ def _run(config: BenchConfig, log) -> dict:
             results.extend(_timed_rows(n, True, methods, config, log))
         if config.memory:
             results.extend(_memory_rows(n, methods, config, log))
+    if config.flush_denormal_rows and not config.flush_denormal:
+        # a process-wide switch a user would not set: separate rows, never the headline
+        flushed = [m for m in methods if m in ("fused", "table")]
+        if flushed:
+            log("  forward again with denormals flushed (torch.set_flush_denormal(True))")
+            with torch_settings(config.threads, True):
+                n = goal_length(config.lengths)
+                results.extend(
+                    _timed_rows(n, False, flushed, config, log, pass_="forward_flush_denormal")
+                )
+    trainable = [m for m in methods if m in ("fused", "materialize")]
+    if config.memory and config.training_memory and trainable:
+        results.extend(_memory_rows(max(config.lengths), trainable, config, log, backward=True))
+    accuracy = None
+    if config.bf16_accuracy and "fused" in methods and fused_available():
+        log("  the fused kernel's bfloat16 accuracy")
+        accuracy = bfloat16_accuracy(
+            config.families,
+            min(1024, max(config.lengths)),
+            config.heads,
+            config.head_dim,
+            config.seed,
+        )
     report = {
         "schema": 1,
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -125,6 +156,7 @@ def _run(config: BenchConfig, log) -> dict:
         "versions": _versions(),
         "flex_compile_stats": {k: v for k, v in flex.compile_stats().items() if k != "per_key"},
         "elapsed_seconds": time.time() - started,
+        "bfloat16_accuracy": accuracy,
         "results": results,
     }
     report["goals"] = evaluate_goals(report)
@@ -184,7 +216,7 @@ def _fmt_ratio(row) -> str:
 
 
 def _floor_text(row, pass_) -> str:
-    if pass_ == "memory":
+    if pass_.endswith("memory"):
         f = row.get("peak_bytes")
         return f"{f / 2**20:.0f}" if f else "-"
     f = row.get("seconds_median")
@@ -197,15 +229,18 @@ def format_tables(report) -> str:
     methods = report["config"]["methods"]
     for pass_, title in (
         ("forward", "Forward time"),
+        ("forward_flush_denormal", "Forward time, denormals flushed (not PyTorch's default)"),
         ("forward_backward", "Forward + backward time"),
         ("memory", "Peak memory (inputs included)"),
+        ("training_memory", "Peak memory of a training step (forward + backward)"),
     ):
         rows = index(report, pass_)
         if not rows:
             continue
         lengths = sorted({k[1] for k in rows})
         cols = [m for m in methods if m != "sdpa"]
-        floor_name = "floor s" if pass_ != "memory" else "floor MiB"
+        memory = pass_.endswith("memory")
+        floor_name = "floor MiB" if memory else "floor s"
         lines.append(f"\n{title}: ratio to no-bias causal SDPA (the floor)")
         header = f"{'family':13s}{'n':>7s}{floor_name:>11s}" + "".join(f"{m:>13s}" for m in cols)
         lines.append(header)
@@ -215,6 +250,12 @@ def format_tables(report) -> str:
                 floor_txt = _floor_text(rows.get((None, n, "sdpa"), {}), pass_)
                 cells = "".join(f"{_fmt_ratio(rows.get((family, n, m))):>13s}" for m in cols)
                 lines.append(f"{family:13s}{n:>7d}{floor_txt:>11s}{cells}")
+    accuracy = report.get("bfloat16_accuracy")
+    if accuracy:
+        lines.append(f"\nbfloat16 fused kernel, n = {accuracy['n']}: largest error / largest value")
+        for family, a in accuracy["families"].items():
+            cells = ", ".join(f"{k} {v:.1e}" for k, v in a["vs_float32"].items())
+            lines.append(f"  {family:13s} vs float32: {cells}")
     lines.append("\nGoals (see 'goals' in the JSON):")
     for name, per_family in report.get("goals", {}).items():
         for family, g in per_family.items():

@@ -10,6 +10,7 @@ from contextlib import contextmanager
 
 import torch
 
+from relbias.attention import fused
 from relbias.bench.config import BenchConfig
 from relbias.bench.methods import applicable, bias_module, inputs, runner
 
@@ -41,6 +42,12 @@ def torch_settings(threads: int, flush_denormal: bool):
 
 def default_repeats(n: int) -> int:
     return 5 if n <= 2048 else 3 if n <= 8192 else 2
+
+
+def _block_counts(q, k, v, module, n) -> dict:
+    """The fused kernel's (query block, key block) pairs computed and skipped."""
+    counts = fused.block_counts(q, k, v, module.prepare(n))
+    return {"blocks_computed": counts["computed"], "blocks_skipped": counts["skipped"]}
 
 
 def time_call(fn, backward: bool):
@@ -92,6 +99,8 @@ def time_family(n, family, methods, config: BenchConfig, backward, floor_samples
             del runners[method]
             continue
         entries[method] = {"first_call_seconds": wall, "wall": [], "cpu": []}
+        if method == "fused" and not backward:
+            entries[method].update(_block_counts(q, k, v, module, n))
         if out is not None:
             out = out.detach().float()
             if reference_out is None:

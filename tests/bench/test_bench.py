@@ -62,6 +62,55 @@ def test_bench_cli_writes_json(tmp_path, capsys):
     assert bench.plot_memory(report, "t5").axes
 
 
+def test_bench_fused_rows_flushed_rows_training_memory_and_bfloat16(tmp_path, capsys):
+    """Under PyTorch's defaults (denormals kept); the forward again with denormals flushed
+    as separate rows; the fused kernel timed forward and backward, with its block counts;
+    the memory of a training step; the bfloat16 accuracy; the training goal."""
+    out = tmp_path / "bench.json"
+    argv = "--lengths 32,48 --families alibi,fire --methods sdpa,materialize,fused "
+    argv += f"--repeats 1 --threads 1 --out {out}"
+    assert bench.main(argv.split()) == 0
+    printed = capsys.readouterr().out
+    assert "denormals flushed" in printed and "training step" in printed
+    assert "bfloat16 fused kernel" in printed
+    report = json.loads(out.read_text())
+    assert report["flush_denormal"] is False
+    rows = {(r["pass"], r["family"], r["n"], r["method"]): r for r in report["results"]}
+    fused_row = rows[("forward", "alibi", 48, "fused")]
+    assert fused_row["blocks_computed"] >= 1 and fused_row["blocks_skipped"] >= 0
+    assert rows[("forward_backward", "fire", 48, "fused")]["seconds_median"] > 0
+    flushed = {k for k in rows if k[0] == "forward_flush_denormal"}
+    assert flushed == {
+        ("forward_flush_denormal", f, 48, m)
+        for f, m in [
+            (None, "sdpa"),
+            ("alibi", "sdpa"),
+            ("alibi", "fused"),
+            ("fire", "sdpa"),
+            ("fire", "fused"),
+        ]
+    }
+    training = [r for r in report["results"] if r["pass"] == "training_memory"]
+    assert {(r["family"], r["method"]) for r in training} == {
+        (None, "sdpa"),
+        ("alibi", "materialize"),
+        ("alibi", "fused"),
+        ("fire", "materialize"),
+        ("fire", "fused"),
+    }
+    assert all(r["peak_bytes"] > 0 and "error" not in r for r in training)
+    accuracy = report["bfloat16_accuracy"]
+    assert accuracy["n"] == 48 and set(accuracy["families"]) == {"alibi", "fire"}
+    for a in accuracy["families"].values():
+        assert 0 < a["vs_float32"]["output"] < 0.05
+        assert 0 <= a["same_inputs"]["output"] <= 2**-8
+    goal = report["goals"]["forward_backward_n48"]["fire"]
+    assert goal["limit"] == 2.0 and goal["backend"] in ("fused", "materialize")
+    assert report["goals"]["training_memory_n48"]["alibi"]["fused"]["ratio_to_floor"] > 0
+    summary = bench.summary(report)
+    assert summary["n_training_memory"] == 48 and summary["n_backward"] == 48
+
+
 def test_bench_rejects_unknown_names():
     with pytest.raises(SystemExit):
         bench.parse_args(["--families", "nope"])
@@ -73,7 +122,10 @@ def test_quick_defaults():
     args = bench.parse_args(["--quick"])
     assert args.lengths == list(bench.QUICK_LENGTHS)
     assert args.out.endswith("cpu-quick.json")
-    assert bench.parse_args([]).lengths == list(bench.FULL_LENGTHS)
+    full = bench.parse_args([])
+    assert full.lengths == list(bench.FULL_LENGTHS)
+    assert not full.flush_denormal and full.flush_denormal_rows  # PyTorch's default first
+    assert bench.parse_args(["--flush-denormal"]).flush_denormal
 
 
 def test_stored_reports_load_by_name():
