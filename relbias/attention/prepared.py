@@ -26,7 +26,7 @@ from torch.nn import functional as F
 
 from relbias._checks import check_bool, check_lengths, needs_grad, no_autocast
 from relbias.attention._compile import timed
-from relbias.biases.positions import relative_positions
+from relbias.biases.positions import relative_positions, take_columns
 
 __all__ = [
     "FIREBias",
@@ -232,7 +232,7 @@ class OffsetTableBias(PreparedBias):
             )
             - self.lowest
         )
-        return self.table[:, index]
+        return take_columns(self.table, index)
 
     @property
     def score_mod_key(self):

@@ -26,7 +26,13 @@ def _run(q, k, v, module) -> dict:
     out.float().square().mean().backward()
     params = [p.grad for p in module.parameters() if p.grad is not None]
     bias_grad = torch.cat([g.flatten() for g in params]) if params else torch.zeros(0)
-    return {"output": out.detach(), "dq": q.grad, "dk": k.grad, "dv": v.grad, "bias_grad": bias_grad}
+    return {
+        "output": out.detach(),
+        "dq": q.grad,
+        "dk": k.grad,
+        "dv": v.grad,
+        "bias_grad": bias_grad,
+    }
 
 
 def _relative(got: dict, expected: dict) -> dict:

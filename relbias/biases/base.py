@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 from relbias._checks import check_bool, check_int, check_lengths, no_autocast
-from relbias.biases.positions import relative_positions
+from relbias.biases.positions import relative_positions, take_columns
 
 
 class RelativeBias(nn.Module):
@@ -18,6 +18,12 @@ class RelativeBias(nn.Module):
 
     Calling the module returns the additive bias as a float tensor
     ``[num_heads, q_len, k_len]``; the attention layer adds it to the scaled scores.
+
+    Notation: the docstrings write a family's formula as PE(i, j), as the book does, and
+    the module returns it as it is added *after* the 1/sqrt(d) scaling. The book adds
+    PE(i, j) inside the scaling, so in the book's terms a module returns PE(i, j)/sqrt(d):
+    the same for a learned bias (its parameters absorb the factor), and a factor sqrt(d)
+    on a fixed one (ALiBi's book slope beta is m sqrt(d)).
     Positions are always computed in integer arithmetic and the formula in at least
     float32, whatever dtype the module was cast to, and outside ``torch.autocast``.
     :meth:`prepare` gives the O(n) form that the fast attention backends read.
@@ -125,7 +131,7 @@ class RelativeBias(nn.Module):
             lowest = q_start - (k_len - 1)
             table = self.offset_table(lowest, q_start + q_len - 1)
             index = relative_positions(q_len, k_len, q_start=q_start, device=self.device) - lowest
-            bias = table[:, index]
+            bias = take_columns(table, index)
         else:
             with no_autocast(self.device):  # FIRE's MLP in float32, not autocast's dtype
                 bias = self._position_values(q_len, k_len, q_start)

@@ -7,6 +7,7 @@ from torch import nn
 
 from relbias._checks import check_choice, check_int, compute_dtype
 from relbias.biases.base import RelativeBias
+from relbias.biases.positions import take_columns
 
 
 class OffsetBias(RelativeBias):
@@ -42,7 +43,7 @@ class OffsetBias(RelativeBias):
             self._check_seen(int(offsets.min()), int(offsets.max()))
         low = self.min_offset
         index = offsets.clamp(low, self.max_offset) - low
-        return self.weight.to(compute_dtype(self.weight))[:, index]
+        return take_columns(self.weight.to(compute_dtype(self.weight)), index)
 
     def _check_seen(self, lowest: int, highest: int) -> None:
         if highest > self.max_offset:

@@ -9,6 +9,7 @@ from torch import nn
 
 from relbias._checks import check_bool, check_int, compute_dtype
 from relbias.biases.base import RelativeBias
+from relbias.biases.positions import take_columns
 
 
 def _check_bucket_settings(num_buckets, max_distance, bidirectional) -> tuple[int, int, int]:
@@ -100,7 +101,7 @@ class T5Bias(RelativeBias):
         )
 
     def _offset_values(self, offsets):
-        return self.weight.to(compute_dtype(self.weight))[:, self.buckets(offsets)]
+        return take_columns(self.weight.to(compute_dtype(self.weight)), self.buckets(offsets))
 
     def extra_repr(self) -> str:
         return (

@@ -26,7 +26,7 @@ from torch._dynamo.utils import counters
 
 import relbias
 from relbias import biased_attention
-from relbias.attention import api, prepared, table
+from relbias.attention import api, fused, prepared, table
 from relbias.attention.flex import causal_block_mask, compile_stats
 from relbias.attention.prepared import FIREBias, OffsetTableBias, prepare_bias
 from relbias.attention.table import table_attention
@@ -324,17 +324,22 @@ def test_auto_on_cpu_without_gradients_takes_a_fused_path(family):
         assert relbias.choose_backend(q, k, v, bias) == backend
 
 
-def test_auto_materialises_when_gradients_are_needed():
+def test_auto_trains_through_the_fused_kernel_on_the_cpu(monkeypatch):
+    """Gradients needed on the CPU: the fused kernel's backward, or the materialised bias
+    where the kernel cannot be built (the table path and CPU FlexAttention have none)."""
     q, k, v = qkv(30, 30, grad=True)
     _, backend = biased_attention(q, k, v, relbias.ALiBi(HEADS), return_backend=True)
-    assert backend == "materialize"
+    assert backend == api.CPU_TRAINING_BACKENDS[0] == "fused"
     # learnable bias, inputs without gradients: the bias needs one
     q, k, v = qkv(30, 30)
     _, backend = biased_attention(q, k, v, family_bias("t5", True), return_backend=True)
-    assert backend == "materialize"
-    # nothing needs a gradient (parameter-free bias): the fast path, even with grad mode on
+    assert backend == "fused"
+    # nothing needs a gradient (parameter-free bias): the inference path, even in grad mode
     _, backend = biased_attention(q, k, v, relbias.ALiBi(HEADS), return_backend=True)
     assert backend == api.CPU_INFERENCE_BACKENDS[0]
+    monkeypatch.setattr(fused, "_BUILD", {"ok": False, "error": "RuntimeError: no compiler"})
+    _, backend = biased_attention(q, k, v, family_bias("t5", True), return_backend=True)
+    assert backend == "materialize"
 
 
 @pytest.mark.parametrize("case", ["weights", "tensor", "none", "float64"])
@@ -381,7 +386,7 @@ def test_prepared_bias_is_shared_across_layers_with_gradients():
     bias.zero_grad()
     prepared = prepare_bias(bias, 25)
     out, backend = biased_attention(q, k, v, prepared, return_backend=True)
-    assert backend == "materialize"
+    assert backend == api.CPU_TRAINING_BACKENDS[0]
     two_layers(prepared).square().sum().backward()
     torch.testing.assert_close(bias.weight.grad, expected_grad)
     with torch.no_grad():  # inference: the fast path, from the same object

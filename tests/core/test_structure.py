@@ -62,10 +62,14 @@ def test_a_family_without_a_prepared_form():
 def test_kernel_inputs_are_public_and_kept():
     for name in ("t5", "fire"):
         bias = family_bias(name, True).prepare(10)
-        operator, arguments = bias.kernel_inputs(True)
-        assert operator == ("offset_attention" if name == "t5" else "fire_attention")
-        assert bias.kernel_inputs(True)[1][0] is arguments[0]
-        assert arguments[1] == bias.q_start + bias.q_len - 1  # the highest offset
+        family, tensors, highest = bias.kernel_inputs(True)
+        assert family == ("offset" if name == "t5" else "fire")
+        assert bias.kernel_inputs(True)[1][0] is tensors[0]
+        assert highest == bias.q_start + bias.q_len - 1
+        # with gradients on, the tensors carry them back to the module's parameters
+        assert tensors[0].requires_grad == (name == "t5" or bias.psi_table.requires_grad)
+        with torch.no_grad():
+            assert not bias.kernel_inputs(True)[1][0].requires_grad
     assert PreparedBias(1, 2, 2, 0, True).kernel_inputs(True) is None
 
 
@@ -103,7 +107,7 @@ def test_the_auto_policy():
     )
     assert api._choose("auto", *[_fake("cuda")] * 3, t5, False) == "materialize"  # t5 learns
     q, k, v = qkv(8, 8)
-    assert choose_backend(q, k, v, t5) == "materialize"  # the bias needs a gradient
+    assert choose_backend(q, k, v, t5) == "fused"  # the bias needs a gradient: the backward
     with torch.no_grad():
         assert choose_backend(q, k, v, t5) == "fused"
         assert choose_backend(q, k, v, t5, "table") == "table"

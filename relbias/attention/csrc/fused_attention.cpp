@@ -63,6 +63,9 @@ inline void add_run(float* s, const float* run, int64_t n) {
   for (; c < n; ++c) s[c] += run[c];
 }
 
+// s[c] += run[c] for c < n; returns the largest s[c] after the addition
+inline float add_run_max(float* s, const float* run, int64_t n);
+
 // the lanes of v folded with op, starting from init
 template <typename Op>
 inline float fold_lanes(const Vec& v, Op op, float init) {
@@ -76,12 +79,19 @@ inline float lane_sum(const Vec& v) {
   return fold_lanes(v, [](float a, float b) { return a + b; }, 0.f);
 }
 
-inline float max_of(const float* s, int64_t n) {
+inline float add_run_max(float* s, const float* run, int64_t n) {
   Vec vmax(kNegInf);
   int64_t c = 0;
-  for (; c + Vec::size() <= n; c += Vec::size()) vmax = at::vec::maximum(vmax, Vec::loadu(s + c));
+  for (; c + Vec::size() <= n; c += Vec::size()) {
+    const Vec sum = Vec::loadu(s + c) + Vec::loadu(run + c);
+    sum.store(s + c);
+    vmax = at::vec::maximum(vmax, sum);
+  }
   float m = fold_lanes(vmax, [](float a, float b) { return std::max(a, b); }, kNegInf);
-  for (; c < n; ++c) m = std::max(m, s[c]);
+  for (; c < n; ++c) {
+    s[c] += run[c];
+    m = std::max(m, s[c]);
+  }
   return m;
 }
 
@@ -93,19 +103,19 @@ inline Vec exp_or_zero(const Vec& x) {
 
 inline float exp_or_zero(float x) { return x >= kDropLog ? std::exp(x) : 0.f; }
 
-// s[c] = exp(s[c] - m[c]) (dropped below kDropLog) for one max m (m_vec null) or one per c
-inline float exp_sum(float* s, int64_t n, float m, const float* m_vec = nullptr) {
+// s[c] = exp(s[c] - m) (dropped below kDropLog), returns the sum
+inline float exp_sum(float* s, int64_t n, float m) {
+  const Vec vm(m);
   Vec vsum(0.f);
   int64_t c = 0;
   for (; c + Vec::size() <= n; c += Vec::size()) {
-    const Vec vm = m_vec ? Vec::loadu(m_vec + c) : Vec(m);
     Vec e = exp_or_zero(Vec::loadu(s + c) - vm);
     e.store(s + c);
     vsum = vsum + e;
   }
   float sum = lane_sum(vsum);
   for (; c < n; ++c) {
-    s[c] = exp_or_zero(s[c] - (m_vec ? m_vec[c] : m));
+    s[c] = exp_or_zero(s[c] - m);
     sum += s[c];
   }
   return sum;
@@ -113,7 +123,8 @@ inline float exp_sum(float* s, int64_t n, float m, const float* m_vec = nullptr)
 
 // ---- the biases ----------------------------------------------------------------------------
 // Each bias adds PE to a run of scores in the forward's layout (one query, consecutive keys:
-// add_row) and in the backward's (one key, consecutive queries: add_col), bounds PE over a
+// add_row, which also returns the run's largest score) and in the backward's (one key,
+// consecutive queries: add_col), bounds PE over a
 // range of offsets from above (bound), and accumulates its gradient from a run of dS^T
 // (grad_col) into a per-thread Grad.
 
@@ -139,8 +150,9 @@ struct OffsetBias {
     }
   }
 
-  void add_row(int64_t h, int64_t i, int64_t /*row*/, int64_t c0, int64_t n, float* s) const {
-    add_run(s, rtable + h * width + (hi - i + c0), n);
+  // s[c] += PE(i, c0 + c) for c < n; returns the largest s[c]
+  float add_row(int64_t h, int64_t i, int64_t /*row*/, int64_t c0, int64_t n, float* s) const {
+    return add_run_max(s, rtable + h * width + (hi - i + c0), n);
   }
   void add_col(int64_t h, int64_t i0, int64_t /*row0*/, int64_t j, int64_t n, float* s) const {
     add_run(s, table.data() + h * width + (i0 - j - lowest), n);
@@ -183,11 +195,13 @@ struct FireBias {
     for (int64_t t = 0; t < width; ++t) psi[t] = rpsi[width - 1 - t];
   }
 
-  // f_h(x[c]) added to s[c], x[c] = xnum[c] * (inv ? inv[c] : inv_one)
-  void add_mlp(int64_t h, const float* xnum, const float* inv, float inv_one, int64_t n,
-               float* s) const {
+  // f_h(x[c]) added to s[c], x[c] = xnum[c] * (inv ? inv[c] : inv_one); returns the
+  // largest s[c]
+  float add_mlp(int64_t h, const float* xnum, const float* inv, float inv_one, int64_t n,
+                float* s) const {
     const float* w2h = w2 + h * units;
     const Vec vslope(slope[h]), vicpt(intercept[h]), zero(0.f);
+    Vec vmax(kNegInf);
     for (int64_t c = 0; c < n; c += Vec::size()) {
       const int64_t lanes = std::min<int64_t>(Vec::size(), n - c);
       const Vec vinv = inv ? Vec::loadu(inv + c, lanes) : Vec(inv_one);
@@ -197,11 +211,15 @@ struct FireBias {
         Vec hidden = at::vec::maximum(at::vec::fmadd(x, Vec(w1[u]), Vec(b1[u])), zero);
         out = at::vec::fmadd(hidden, Vec(w2h[u]), out);
       }
-      (Vec::loadu(s + c, lanes) + out).store(s + c, lanes);
+      const Vec sum = Vec::loadu(s + c, lanes) + out;
+      sum.store(s + c, lanes);
+      // lanes past n hold 0 + f(0): keep them out of the maximum
+      vmax = at::vec::maximum(vmax, lanes == Vec::size() ? sum : Vec::set(Vec(kNegInf), sum, lanes));
     }
+    return fold_lanes(vmax, [](float a, float b) { return std::max(a, b); }, kNegInf);
   }
-  void add_row(int64_t h, int64_t i, int64_t row, int64_t c0, int64_t n, float* s) const {
-    add_mlp(h, rpsi + (hi - i + c0), nullptr, inv_den[row], n, s);
+  float add_row(int64_t h, int64_t i, int64_t row, int64_t c0, int64_t n, float* s) const {
+    return add_mlp(h, rpsi + (hi - i + c0), nullptr, inv_den[row], n, s);
   }
   void add_col(int64_t h, int64_t i0, int64_t row0, int64_t j, int64_t n, float* s) const {
     add_mlp(h, psi.data() + (i0 - j - lowest), inv_den + row0, 0.f, n, s);
@@ -438,9 +456,9 @@ void attend_block(const Problem& p, const Bias& bias, const Norms& norms, int64_
       const int64_t seen = p.causal ? std::clamp<int64_t>(i - c0 + 1, 0, cols) : cols;
       std::fill(s + seen, s + cols, 0.f);  // future keys: weight 0
       if (seen == 0) continue;
-      bias.add_row(h, i, r0 + r, c0, seen, s);
+      const float block_max = bias.add_row(h, i, r0 + r, c0, seen, s);
       const float old_max = w.row_max[r];
-      const float new_max = std::max(old_max, max_of(s, seen));
+      const float new_max = std::max(old_max, block_max);
       if (new_max == kNegInf) {  // every score so far is -inf: nothing to weigh yet
         std::fill(s, s + seen, 0.f);
         continue;
@@ -518,6 +536,18 @@ struct BackwardWorkspace {
         st(p.kv_block * p.q_block), dpt(p.kv_block * p.q_block) {}
 };
 
+// One column of the backward, in place: p[r] = exp(s[r] - lse[r]) (dropped below kDropLog),
+// ds[r] = p[r] (dp[r] - delta[r]) (dp arrives in ds).
+inline void weights_and_grad(float* s, float* ds, const float* lse, const float* delta,
+                             int64_t n) {
+  for (int64_t r = 0; r < n; r += Vec::size()) {
+    const int64_t lanes = std::min<int64_t>(Vec::size(), n - r);
+    const Vec p = exp_or_zero(Vec::loadu(s + r, lanes) - Vec::loadu(lse + r, lanes));
+    p.store(s + r, lanes);
+    (p * (Vec::loadu(ds + r, lanes) - Vec::loadu(delta + r, lanes))).store(ds + r, lanes);
+  }
+}
+
 // The gradients of head bh: dq, dk, dv written, the bias's gradient added to grad.
 template <typename Bias>
 void backward_head(const Problem& p, const Bias& bias, const Norms& norms, int64_t bh,
@@ -581,14 +611,7 @@ void backward_head(const Problem& p, const Bias& bias, const Norms& norms, int64
         const int64_t n = rows - lo;
         if (n == 0) continue;
         bias.add_col(h, i0 + lo, r0 + lo, j, n, s + lo);
-        exp_sum(s + lo, n, 0.f, lse + r0 + lo);
-        const float* delta = w.delta.data() + r0 + lo;
-        int64_t r = 0;
-        for (; r + Vec::size() <= n; r += Vec::size()) {
-          const Vec pr = Vec::loadu(s + lo + r);
-          (pr * (Vec::loadu(ds + lo + r) - Vec::loadu(delta + r))).store(ds + lo + r);
-        }
-        for (; r < n; ++r) ds[lo + r] = s[lo + r] * (ds[lo + r] - delta[r]);
+        weights_and_grad(s + lo, ds + lo, lse + r0 + lo, w.delta.data() + r0 + lo, n);
         bias.grad_col(h, i0 + lo, r0 + lo, j, n, ds + lo, grad);
       }
       at::native::cpublas::brgemm(cols, dvd, rows, qb, dvd, dvd, true, st, dout + r0 * dvd,
