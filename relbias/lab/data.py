@@ -95,6 +95,16 @@ class ByteCorpus:
             info["files"] = self.files
         return info
 
+    def split_offsets(self, split: str = "val") -> list[int]:
+        """Start of each file of ``split`` inside that split's bytes, plus the end."""
+        if split not in ("train", "val"):
+            raise ValueError(f"split must be 'train' or 'val', got {split!r}")
+        out = [0]
+        for f in self.files:
+            if f["split"] == split:
+                out.append(out[-1] + f["bytes"])
+        return out
+
 
 def _tensor_hash(t: torch.Tensor) -> str:
     return hashlib.sha256(t.numpy().tobytes()).hexdigest()
@@ -185,6 +195,54 @@ def eval_windows(data: torch.Tensor, seq_len: int, num_tokens: int) -> tuple:
     x = data[:span].long().view(count, seq_len)
     y = data[1 : span + 1].long().view(count, seq_len)
     return x, y
+
+
+def spread_eval_windows(
+    data: torch.Tensor, seq_len: int, num_tokens: int, *, span_len: int | None = None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Windows of ``seq_len`` covering ``num_tokens`` bytes drawn across all of ``data``.
+
+    The text is read in ``ceil(num_tokens / span_len)`` spans of ``span_len`` bytes (default
+    ``seq_len``; a multiple of it) whose starts are spread evenly from the first byte to the
+    last span that fits, so that they come from many files of the concatenated validation
+    split rather than from its first few. Each span is cut into ``span_len // seq_len``
+    non-overlapping windows. With the same ``span_len`` (the longest evaluation length),
+    every length reads exactly the same bytes and differs only in context. Spans overlap
+    only when ``data`` is shorter than the bytes asked for.
+
+    Returns ``(inputs, targets, starts)``: ``[windows, seq_len]`` each, and the span starts.
+    """
+    span_len = seq_len if span_len is None else span_len
+    check_positive_ints(seq_len=seq_len, num_tokens=num_tokens, span_len=span_len)
+    if span_len % seq_len:
+        raise ValueError(f"span_len ({span_len}) must be a multiple of seq_len ({seq_len})")
+    last = data.numel() - 1 - span_len  # the last start whose targets fit
+    if last < 0:
+        raise ValueError(
+            f"validation text of {data.numel()} bytes has no span of length {span_len}"
+        )
+    spans = -(-num_tokens // span_len)
+    if spans == 1:
+        starts = torch.zeros(1, dtype=torch.long)
+    else:
+        starts = torch.round(torch.linspace(0, last, spans, dtype=torch.float64)).long()
+    idx = starts[:, None] + torch.arange(span_len + 1)
+    chunk = data[idx].long()
+    x = chunk[:, :-1].reshape(-1, seq_len)
+    y = chunk[:, 1:].reshape(-1, seq_len)
+    return x, y, starts
+
+
+def files_touched(starts, span_len: int, offsets) -> int:
+    """How many files (``offsets`` from :meth:`ByteCorpus.split_offsets`) the spans touch."""
+    bounds = torch.as_tensor(offsets, dtype=torch.long)
+    starts = torch.as_tensor(starts, dtype=torch.long)
+    first = torch.searchsorted(bounds, starts, right=True) - 1
+    last = torch.searchsorted(bounds, starts + span_len, right=True) - 1
+    touched = set()
+    for a, b in zip(first.tolist(), last.tolist()):
+        touched.update(range(max(a, 0), min(b, len(offsets) - 2) + 1))
+    return len(touched)
 
 
 # --- the long-range probe ------------------------------------------------------------

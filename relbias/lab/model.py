@@ -177,11 +177,28 @@ class Block(nn.Module):
         )
         self.bias = bias
 
-    def forward(self, x: torch.Tensor, bias=None, backend: str = "auto") -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, bias=None, backend: str = "auto", query_shift: int = 0
+    ) -> torch.Tensor:
         if self.bias is not None:
-            bias = prepare_bias(self.bias, x.shape[1])
+            bias = layer_bias(self.bias, x.shape[1], query_shift)
         x = x + self.attn(self.norm1(x), bias, backend)
         return x + self.mlp(self.norm2(x))
+
+
+def layer_bias(module, seq_len: int, query_shift: int = 0):
+    """The bias a layer adds for a sequence of ``seq_len`` tokens.
+
+    With ``query_shift = 0`` (always, except in the FIRE ablation): the module prepared for
+    that length. With ``query_shift = s > 0``: the dense ``[heads, seq_len, seq_len]`` bias
+    of the same sequence placed at absolute positions ``s .. s + seq_len - 1`` (queries and
+    keys shifted together, so offsets ``i - j`` are unchanged). Only a bias that reads the
+    absolute query position (FIRE's ``psi(max(L, i))``) changes under the shift.
+    """
+    if query_shift == 0:
+        return prepare_bias(module, seq_len)
+    full = module(seq_len, seq_len + query_shift, q_start=query_shift)
+    return full[:, :, query_shift:]
 
 
 class TinyLM(nn.Module):
@@ -254,6 +271,7 @@ class TinyLM(nn.Module):
         self.heads, self.depth, self.share_bias = heads, depth, share_bias
         self.bias_kwargs = {**default_bias_kwargs(position, train_len), **(bias_kwargs or {})}
         self.attention_backend = attention_backend
+        self.bias_query_shift = 0
         self.embed = nn.Embedding(vocab_size, dim)
         self.sin_scale = nn.Parameter(torch.tensor(SIN_SCALE)) if position == "sinusoidal" else None
         self.abs_pos = (
@@ -289,6 +307,23 @@ class TinyLM(nn.Module):
         if value not in BACKENDS:
             raise ValueError(f"attention_backend must be one of {list(BACKENDS)}, got {value!r}")
         self._attention_backend = value
+
+    @property
+    def bias_query_shift(self) -> int:
+        """Absolute position of the first token as the bias sees it (default 0).
+
+        Set it (an integer >= 0) to train a bias that reads absolute query positions
+        (FIRE) on sequences that pretend to start later: offsets are unchanged, the
+        query positions grow by the shift. The bias is then materialised. Token
+        embeddings, absolute positions and RoPE ignore it.
+        """
+        return self._bias_query_shift
+
+    @bias_query_shift.setter
+    def bias_query_shift(self, value: int) -> None:
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ValueError(f"bias_query_shift must be an integer >= 0, got {value!r}")
+        self._bias_query_shift = value
 
     @property
     def rope_scaling(self) -> RopeScaling | None:
@@ -341,10 +376,11 @@ class TinyLM(nn.Module):
             x = x + (self.sin_scale * table).to(x.dtype)
         elif self.abs_pos is not None:
             x = x + self.abs_pos(t)
-        shared = prepare_bias(self.bias, t) if self.bias is not None else None
-        backend = self._attention_backend
+        shift = getattr(self, "_bias_query_shift", 0) if self.uses_bias else 0
+        shared = layer_bias(self.bias, t, shift) if self.bias is not None else None
+        backend = "materialize" if shift else self._attention_backend
         for block in self.blocks:
-            x = block(x, shared, backend)
+            x = block(x, shared, backend, shift)
         return self.head(self.norm(x))
 
     def extra_repr(self) -> str:

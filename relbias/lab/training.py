@@ -9,10 +9,20 @@ Two named configurations (:func:`get_config`):
     and evaluating one method takes about 25 s on a 2-core CPU and the whole 11-method
     extrapolation sweep stays under 10 minutes, so a chapter's live demo runs in a few
     minutes wherever it is opened, and its numbers can be compared with the stored sweep.
+``medium``
+    on request (``--config medium``, ``RELBIAS_CONFIG=medium``): quick's model at twice
+    the training length (128) and three times the steps, with the validation loss at the
+    training length recorded every 150 steps (``val_every``) and 128 kB of validation text
+    drawn across the files at every length (``eval_tokens``, ``eval_spread``); its probe
+    is the ``competing`` task (:mod:`relbias.lab.probe`). Sized for the stored multi-seed
+    sweeps on a 2-core CPU (``relbias/lab/results/README.md``).
 ``full``
     on request (``get_config("full")``, ``--config full``, or the environment variable
     ``RELBIAS_CONFIG=full``): a wider, deeper model trained longer on longer sequences,
     meant for a GPU.
+
+``quick`` keeps its evaluation small for the live demos: the first ``eval_tokens`` = 16 kB
+of the validation split (``eval_spread=False``) and no validation curve (``val_every=0``).
 
 On CUDA, training and evaluation run under autocast: bfloat16 on GPUs of compute
 capability 8.0 and later, float16 with a gradient scaler before that (a T4 is 7.5: its
@@ -41,7 +51,13 @@ import torch
 
 from relbias._stored import read_json, write_json
 from relbias.biases.kerple import project_after_steps
-from relbias.lab.data import eval_windows, make_recall_batch, random_windows
+from relbias.lab.data import (
+    eval_windows,
+    files_touched,
+    make_recall_batch,
+    random_windows,
+    spread_eval_windows,
+)
 from relbias.lab.model import TinyLM, lm_loss
 
 LN2 = math.log(2.0)
@@ -50,6 +66,22 @@ RESULTS_DIR = Path(__file__).with_name("results")
 
 
 # --- configuration ---------------------------------------------------------------------
+
+
+_NOT_POSITIVE_INTS = frozenset(
+    {
+        "name",
+        "lr",
+        "weight_decay",
+        "grad_clip",
+        "seed",
+        "probe_distractors",
+        "eval_spread",
+        "val_every",
+        "probe_task",
+        "probe_competitors",
+    }
+)
 
 
 @dataclass(frozen=True)
@@ -78,6 +110,11 @@ class Config:
     probe_distractors: int = 0
     probe_eval_factors: tuple = (1, 4)
     probe_eval_samples: int = 100
+    eval_spread: bool = False
+    val_every: int = 0
+    val_tokens: int = 16384
+    probe_task: str = "recall"
+    probe_competitors: int = 2
 
     def replace(self, **changes) -> Config:
         """A copy with some fields changed (checked like a new config)."""
@@ -89,7 +126,7 @@ class Config:
             if isinstance(value, list):
                 value = tuple(value)
                 object.__setattr__(self, f.name, value)
-            if f.name in ("name", "lr", "weight_decay", "grad_clip", "seed", "probe_distractors"):
+            if f.name in _NOT_POSITIVE_INTS:
                 continue
             items = value if isinstance(value, tuple) else (value,)
             if not items or any(
@@ -100,8 +137,16 @@ class Config:
             raise ValueError(f"dim ({self.dim}) must be divisible by heads ({self.heads})")
         if not self.lr > 0:
             raise ValueError(f"lr must be > 0, got {self.lr}")
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
-            raise ValueError(f"seed must be an integer >= 0, got {self.seed!r}")
+        for name in ("seed", "val_every", "probe_competitors", "probe_distractors"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
+        if not isinstance(self.eval_spread, bool):
+            raise ValueError(f"eval_spread must be True or False, got {self.eval_spread!r}")
+        from relbias.lab.probe import TASKS
+
+        if self.probe_task not in TASKS:
+            raise ValueError(f"probe_task must be one of {TASKS}, got {self.probe_task!r}")
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -126,6 +171,30 @@ CONFIGS = {
         probe_batch_size=64,
         probe_num_pairs=4,
         probe_eval_samples=200,
+        eval_spread=True,
+        val_every=250,
+    ),
+    # Between the two, for the stored multi-seed sweeps on a 2-core CPU (see
+    # relbias/lab/results/README.md for the time it takes): twice quick's training length,
+    # three times its steps at the same bytes per step (6.1 M bytes, about 2.3 epochs), the
+    # validation curve at the training length every 150 steps, and 128 kB of validation
+    # text at every length, drawn across the validation files.
+    "medium": Config(
+        name="medium",
+        train_len=128,
+        batch_size=16,
+        steps=3000,
+        warmup=100,
+        eval_tokens=131072,
+        eval_spread=True,
+        val_every=150,
+        val_tokens=16384,
+        probe_task="competing",
+        probe_competitors=1,
+        probe_steps=3000,
+        probe_batch_size=16,
+        probe_eval_factors=(1, 4, 16),
+        probe_eval_samples=100,
     ),
 }
 
@@ -246,6 +315,15 @@ def train_lm(
     progress: bool = True,
     desc: str | None = None,
     seed: int | None = None,
+    val_data: torch.Tensor | None = None,
+    val_every: int | None = None,
+    checkpoint=None,
+    checkpoint_every: int | None = None,
+    checkpoint_seconds: float | None = None,
+    resume: bool = False,
+    run_id: str | None = None,
+    before_step=None,
+    after_step=None,
 ) -> dict:
     """Train ``model`` in place with AdamW and return its training history.
 
@@ -257,8 +335,45 @@ def train_lm(
 
     Returns ``{"steps", "tokens", "wall_s", "tokens_per_s", "losses", "final_loss_bits"}``
     where ``losses`` is the training loss in bits per step.
+
+    Optional (all off by default):
+
+    - ``val_data`` (validation bytes) and ``val_every`` (default ``config.val_every``; 0 is
+      off): every ``val_every`` steps and at the end, bits per byte at the training length
+      on :func:`validation_windows` (``config.val_tokens`` bytes drawn across the split),
+      returned as ``"val_curve": [{"step", "bpb"}, ...]`` (``step`` = steps done).
+    - ``checkpoint`` (a path): the training state (:mod:`relbias.lab.checkpoint`) is
+      written atomically every ``checkpoint_every`` steps and/or ``checkpoint_seconds``
+      seconds, at the end, and when Ctrl-C (SIGINT) arrives, which then ends the run at the
+      next step boundary with :class:`~relbias.lab.checkpoint.TrainingInterrupted` (without
+      a checkpoint, Ctrl-C interrupts as usual).
+      ``resume=True`` continues from that file when it exists; the result equals an
+      uninterrupted run's. ``run_id`` is stored with it (a sweep's run name).
+    - ``before_step(step, model)`` runs before each step's batch, ``after_step(step, model)``
+      after each step (``step`` counts from 0). A ``KeyboardInterrupt`` raised by
+      ``after_step`` is handled like Ctrl-C.
     """
+    from relbias.lab.checkpoint import (
+        TrainingInterrupted,
+        load_checkpoint,
+        rng_states,
+        save_checkpoint,
+        set_rng_states,
+    )
+
     steps = config.steps if steps is None else steps
+    val_every = config.val_every if val_every is None else val_every
+    if isinstance(val_every, bool) or not isinstance(val_every, int) or val_every < 0:
+        raise ValueError(f"val_every must be an integer >= 0, got {val_every!r}")
+    for name, value in (("checkpoint_every", checkpoint_every),):
+        if value is not None and (
+            isinstance(value, bool) or not isinstance(value, int) or value < 1
+        ):
+            raise ValueError(f"{name} must be an integer >= 1 or None, got {value!r}")
+    if checkpoint_seconds is not None and not checkpoint_seconds > 0:
+        raise ValueError(f"checkpoint_seconds must be > 0 or None, got {checkpoint_seconds!r}")
+    if resume and checkpoint is None:
+        raise ValueError("resume=True needs checkpoint (the path of the saved state)")
     device = torch.device(device) if device is not None else next(model.parameters()).device
     model.to(device).train()
     gen = torch.Generator().manual_seed(config.seed if seed is None else seed)
@@ -269,11 +384,84 @@ def train_lm(
     projection = project_after_steps(opt, model)
     scaler = torch.amp.GradScaler("cuda", enabled=autocast_dtype(device) == torch.float16)
     on_cuda = device.type == "cuda"
+    val_x = val_y = None
+    if val_data is not None and val_every:
+        val_x, val_y = validation_windows(val_data, config)
     # Losses stay on the device and are read every SYNC_EVERY steps: a .item() per step
     # would wait for the GPU at every step.
-    losses, pending, tokens, start = [], [], 0, time.perf_counter()
-    with _progress_bar(steps, desc, progress) as bar:
-        for step in range(steps):
+    losses, pending, tokens, val_curve, first, elapsed = [], [], 0, [], 0, 0.0
+    resumed_at = []
+    if resume and Path(checkpoint).is_file():
+        state = load_checkpoint(checkpoint)
+        if state.get("total_steps") != steps or (run_id is not None and state["run"] != run_id):
+            raise ValueError(
+                f"the checkpoint {checkpoint} is of another run ({state.get('run')}, "
+                f"{state.get('total_steps')} steps), not of {run_id} with {steps} steps"
+            )
+        model.load_state_dict(state["model"])
+        opt.load_state_dict(state["optimizer"])
+        scaler.load_state_dict(state["scaler"])
+        gen.set_state(state["generator"])
+        set_rng_states(state["rng"])
+        first, losses, tokens = state["step"], state["losses"], state["tokens"]
+        val_curve, elapsed = state["val_curve"], state["wall_s"]
+        resumed_at = [*state.get("resumed_at", []), first]
+
+    start = time.perf_counter()
+    last_save = start
+
+    def flush():
+        nonlocal pending, losses
+        if pending:
+            losses += (torch.stack(pending).float().cpu() / LN2).tolist()
+            pending = []
+
+    def save(step_done: int):
+        nonlocal last_save
+        flush()
+        save_checkpoint(
+            checkpoint,
+            {
+                "run": run_id,
+                "total_steps": steps,
+                "step": step_done,
+                "model": model.state_dict(),
+                "optimizer": opt.state_dict(),
+                "scaler": scaler.state_dict(),
+                "generator": gen.get_state(),
+                "rng": rng_states(),
+                "losses": list(losses),
+                "tokens": tokens,
+                "val_curve": list(val_curve),
+                "wall_s": elapsed + time.perf_counter() - start,
+                "resumed_at": resumed_at,
+                "config": config.to_dict(),
+            },
+        )
+        last_save = time.perf_counter()
+
+    def interrupted(step_done: int, cause=None):
+        where = None
+        if checkpoint is not None:
+            save(step_done)
+            where = Path(checkpoint)
+        saved = (
+            f"saved the training state after step {step_done} of {steps} to {where}"
+            if where is not None
+            else "nothing was saved (no checkpoint path was given)"
+        )
+        raise TrainingInterrupted(
+            f"training interrupted (Ctrl-C): {saved}", checkpoint=where, step=step_done
+        ) from cause
+
+    with (
+        _progress_bar(steps, desc, progress) as bar,
+        _sigint_flag(checkpoint is not None) as sigint,
+    ):
+        bar.update(first)
+        for step in range(first, steps):
+            if before_step is not None:
+                before_step(step, model)
             for group in opt.param_groups:
                 group["lr"] = _lr_at(step, config, steps)
             x, y = batch(gen)
@@ -294,16 +482,35 @@ def train_lm(
             scaler.update()
             pending.append(loss.detach())
             tokens += x.numel()
-            if len(pending) == SYNC_EVERY or step == steps - 1:
-                losses += (torch.stack(pending).float().cpu() / LN2).tolist()
-                pending = []
-                bar.update(step + 1 - bar.n)
+            done = step + 1
+            if len(pending) == SYNC_EVERY or done == steps:
+                flush()
+                bar.update(done - bar.n)
                 bar.set_postfix(bits=f"{losses[-1]:.3f}", refresh=False)
-    wall = time.perf_counter() - start
+            if val_x is not None and (done % val_every == 0 or done == steps):
+                val_curve.append(
+                    {"step": done, "bpb": _validation_bpb(model, val_x, val_y, config, device)}
+                )
+                model.train()
+            if after_step is not None:
+                try:
+                    after_step(step, model)
+                except KeyboardInterrupt as err:
+                    interrupted(done, err)
+            if sigint.fired:
+                interrupted(done)
+            if checkpoint is not None and (
+                done == steps
+                or (checkpoint_every and done % checkpoint_every == 0)
+                or (checkpoint_seconds and time.perf_counter() - last_save >= checkpoint_seconds)
+            ):
+                save(done)
+    flush()
+    wall = elapsed + time.perf_counter() - start
     projection.remove()
     model.eval()
     tail = losses[-max(1, min(20, steps)) :]
-    return {
+    history = {
         "steps": steps,
         "tokens": tokens,
         "wall_s": wall,
@@ -311,6 +518,61 @@ def train_lm(
         "losses": losses,
         "final_loss_bits": sum(tail) / len(tail),
     }
+    if val_x is not None:
+        history["val_curve"] = val_curve
+    if resumed_at:
+        history["resumed_at"] = resumed_at
+    return history
+
+
+class _SigintFlag:
+    fired = False
+
+
+class _sigint_flag:  # noqa: N801 (a context manager used like a function)
+    """While active (in the main thread, when ``enabled``: a run with a checkpoint), Ctrl-C
+    sets ``.fired`` instead of raising, so that the training loop stops at a step boundary
+    with a consistent state to save. A second Ctrl-C raises at once."""
+
+    def __init__(self, enabled: bool = True):
+        self.enabled = enabled
+
+    def __enter__(self):
+        import signal
+        import threading
+
+        self.flag = _SigintFlag()
+        self.previous = None
+        if self.enabled and threading.current_thread() is threading.main_thread():
+            self.previous = signal.getsignal(signal.SIGINT)
+
+            def handler(signum, frame):
+                if self.flag.fired:  # a second Ctrl-C: stop at once
+                    raise KeyboardInterrupt
+                self.flag.fired = True
+
+            signal.signal(signal.SIGINT, handler)
+        return self.flag
+
+    def __exit__(self, *exc):
+        import signal
+
+        if self.previous is not None:
+            signal.signal(signal.SIGINT, self.previous)
+        return False
+
+
+def validation_windows(data: torch.Tensor, config: Config):
+    """The validation windows of the training-length curve: ``config.val_tokens`` bytes in
+    windows of ``config.train_len``, drawn evenly across the split."""
+    x, y, _ = spread_eval_windows(data, config.train_len, config.val_tokens)
+    return x, y
+
+
+@torch.no_grad()
+def _validation_bpb(model, x, y, config: Config, device) -> float:
+    model.eval()
+    return round(float(_loss_by_position(model, x, y, config.eval_batch_size, device).mean()), 5)
 
 
 def _text_batches(data: torch.Tensor, config: Config):
@@ -347,14 +609,23 @@ def evaluate_lengths(
     factors=None,
     device=None,
     progress: bool = False,
+    file_offsets=None,
 ) -> list[dict]:
     """Bits per byte on validation text at each length ``factor * train_len``.
 
-    Every length reads the same first ``config.eval_tokens`` bytes (rounded down to
-    whole windows of the longest length), cut into non-overlapping windows, so
-    lengths differ only in how much context each prediction has. Returns one dict
-    per factor: ``factor``, ``length``, ``windows``, ``bpb`` and ``loss_by_position``
-    (mean bits at each position inside the window).
+    Every length reads the same bytes, cut into non-overlapping windows, so lengths differ
+    only in how much context each prediction has:
+
+    - ``config.eval_spread=False`` (``quick``): the first ``config.eval_tokens`` bytes
+      (rounded down to whole windows of the longest length);
+    - ``config.eval_spread=True`` (``medium``, ``full``): ``config.eval_tokens`` bytes
+      (rounded up to whole windows of the longest length) in spans of the longest length
+      spread evenly across the whole split (:func:`~relbias.lab.data.spread_eval_windows`).
+
+    Returns one dict per factor: ``factor``, ``length``, ``windows``, ``bytes`` (bytes
+    predicted), ``bpb`` and ``loss_by_position`` (mean bits at each position inside the
+    window); with ``file_offsets`` (:meth:`~relbias.lab.data.ByteCorpus.split_offsets`)
+    also ``files``, how many validation files those bytes come from.
     """
     factors = tuple(config.eval_factors if factors is None else factors)
     if not factors or any(isinstance(f, bool) or not isinstance(f, int) or f < 1 for f in factors):
@@ -366,17 +637,25 @@ def evaluate_lengths(
     rows = []
     for factor in _progress_iter(factors, "eval", progress):
         length = factor * config.train_len
-        x, y = eval_windows(data, length, num_tokens)
+        if config.eval_spread:
+            x, y, starts = spread_eval_windows(data, length, config.eval_tokens, span_len=longest)
+        else:
+            x, y = eval_windows(data, length, num_tokens)
+            starts = torch.tensor([0])
+            starts_len = x.numel()
         per_pos = _loss_by_position(model, x, y, config.eval_batch_size, device)
-        rows.append(
-            {
-                "factor": factor,
-                "length": length,
-                "windows": int(x.shape[0]),
-                "bpb": float(per_pos.mean()),
-                "loss_by_position": [round(v, 4) for v in per_pos.tolist()],
-            }
-        )
+        row = {
+            "factor": factor,
+            "length": length,
+            "windows": int(x.shape[0]),
+            "bytes": int(x.numel()),
+            "bpb": float(per_pos.mean()),
+            "loss_by_position": [round(v, 4) for v in per_pos.tolist()],
+        }
+        if file_offsets is not None:
+            span = longest if config.eval_spread else starts_len
+            row["files"] = files_touched(starts, span, file_offsets)
+        rows.append(row)
     return rows
 
 
@@ -408,22 +687,56 @@ def _loss_by_position(model, x, y, batch_size, device) -> torch.Tensor:
 def probe_batches(config: Config, *, max_distance: int | None = None):
     """Training batches for the recall probe: distances uniform in 1..max_distance.
 
-    The default ``max_distance`` is ``train_len - 2``, the farthest that fits.
+    The default ``max_distance`` is the farthest that fits (:func:`probe_max_distance`);
+    the ``competing`` task starts at :func:`probe_min_distance`.
     """
-    max_distance = config.train_len - 2 if max_distance is None else max_distance
+    if max_distance is None:
+        max_distance = probe_max_distance(config, config.train_len)
+    low = probe_min_distance(config)
 
     def batch(gen):
-        dist = torch.randint(1, max_distance + 1, (config.probe_batch_size,), generator=gen)
+        dist = torch.randint(low, max_distance + 1, (config.probe_batch_size,), generator=gen)
+        return _probe_batch(config, config.probe_batch_size, config.train_len, dist, gen)
+
+    return batch
+
+
+def probe_min_distance(config: Config) -> int:
+    """The nearest distance the configured probe task allows (1 for ``recall``;
+    ``2 * probe_competitors + 1`` for ``competing``)."""
+    from relbias.lab.probe import min_distance
+
+    return min_distance(config.probe_competitors) if config.probe_task == "competing" else 1
+
+
+def probe_max_distance(config: Config, seq_len: int) -> int:
+    """The farthest distance the configured probe allows in ``seq_len`` tokens
+    (``seq_len - 2``; ``competing``: ``seq_len - 2 - 2 * probe_competitors``)."""
+    if config.probe_task == "competing":
+        return seq_len - 2 - 2 * config.probe_competitors
+    return seq_len - 2
+
+
+def _probe_batch(config: Config, batch_size: int, seq_len: int, distance, gen):
+    if config.probe_task == "recall":  # the original call, so that stored runs reproduce
         return make_recall_batch(
-            config.probe_batch_size,
-            config.train_len,
-            dist,
+            batch_size,
+            seq_len,
+            distance,
             num_pairs=config.probe_num_pairs,
             num_distractors=config.probe_distractors,
             generator=gen,
         )
+    from relbias.lab.probe import make_probe_batch
 
-    return batch
+    return make_probe_batch(
+        config.probe_task,
+        batch_size,
+        seq_len,
+        distance,
+        num_competitors=config.probe_competitors,
+        generator=gen,
+    )
 
 
 def default_distances(seq_len: int) -> list[int]:
@@ -472,21 +785,19 @@ def evaluate_retrieval(
     generator seeded with ``seed`` (different from training). Returns one dict per
     distance: ``length``, ``distance``, ``accuracy``, ``samples``.
     """
-    distances = default_distances(seq_len) if distances is None else list(distances)
+    low, high = probe_min_distance(config), probe_max_distance(config, seq_len)
+    if distances is None:
+        distances = [d for d in default_distances(seq_len) if low <= d <= high]
+        if high >= low:
+            distances = sorted({low, *distances, high})
+    distances = list(distances)
     samples = config.probe_eval_samples if samples is None else samples
     device = torch.device(device) if device is not None else next(model.parameters()).device
     gen = torch.Generator().manual_seed(seed)
     model.to(device).eval()
     rows = []
     for d in distances:
-        x, y = make_recall_batch(
-            samples,
-            seq_len,
-            d,
-            num_pairs=config.probe_num_pairs,
-            num_distractors=config.probe_distractors,
-            generator=gen,
-        )
+        x, y = _probe_batch(config, samples, seq_len, d, gen)
         correct = 0
         for start in range(0, samples, config.eval_batch_size * 4):
             xb = x[start : start + config.eval_batch_size * 4].to(device)
@@ -626,10 +937,13 @@ def plot_results(results: dict, path=None, *, factor: int | None = None):
 
     kind = results.get("kind")
     if kind == "extrapolation":
-        fig = Figure(figsize=(12, 4.2))
-        axes = fig.subplots(1, 2)
+        curves = any(_val_curves(rec) for rec in results["methods"].values())
+        fig = Figure(figsize=(18 if curves else 12, 4.2))
+        axes = fig.subplots(1, 3 if curves else 2)
         plot_extrapolation(results, ax=axes[0])
         plot_loss_by_position(results, factor=factor, ax=axes[1])
+        if curves:
+            plot_val_curves(results, ax=axes[2])
     elif kind == "retrieval":
         lengths = sorted({r["length"] for m in results["methods"].values() for r in m["eval"]})
         fig = Figure(figsize=(6 * len(lengths), 4.2))
@@ -660,14 +974,24 @@ def _title(results: dict) -> str:
     )
 
 
-def _style(name: str) -> dict:
-    """A fixed colour per method (tab10 plus black); dashed lines for the baselines."""
+def _band(ax, xs, rows, key: str, color) -> None:
+    """Shade the 95 % interval over seeds (``<key>_low`` .. ``<key>_high``) where rows have it."""
+    lows = [r.get(f"{key}_low") for r in rows]
+    highs = [r.get(f"{key}_high") for r in rows]
+    if any(v is None or not math.isfinite(v) for v in lows + highs):
+        return
+    ax.fill_between(xs, lows, highs, color=color, alpha=0.2, linewidth=0)
+
+
+def _style(name: str, index: int = 0) -> dict:
+    """A fixed colour per method (tab10 plus black); dashed lines for the baselines.
+    Names that are not methods (ablation variants) take the colour of their ``index``."""
     import matplotlib
 
     from relbias.lab.model import BASELINE_POSITIONS, POSITION_NAMES
 
     colors = [*matplotlib.colormaps["tab10"].colors, "black"]
-    index = POSITION_NAMES.index(name) if name in POSITION_NAMES else 0
+    index = POSITION_NAMES.index(name) if name in POSITION_NAMES else index
     return {
         "linestyle": "--" if name in BASELINE_POSITIONS else "-",
         "marker": "o",
@@ -679,9 +1003,11 @@ def _style(name: str) -> dict:
 def plot_extrapolation(results: dict, ax=None):
     """Bits per byte against evaluation length (log scale), one line per method."""
     ax = ax if ax is not None else _new_axes()
-    for name, res in results["methods"].items():
+    for i, (name, res) in enumerate(results["methods"].items()):
         lengths = [r["length"] for r in res["eval"]]
-        ax.plot(lengths, [r["bpb"] for r in res["eval"]], label=name, **_style(name))
+        style = _style(name, i)
+        ax.plot(lengths, [r["bpb"] for r in res["eval"]], label=name, **style)
+        _band(ax, lengths, res["eval"], "bpb", style["color"])
     ax.axvline(results["provenance"]["config"]["train_len"], color="grey", lw=0.8)
     ax.set_xscale("log", base=2)
     ax.set_xlabel("evaluation length (tokens); grey line: training length")
@@ -690,14 +1016,45 @@ def plot_extrapolation(results: dict, ax=None):
     return ax
 
 
+def _val_curves(record: dict) -> list:
+    """The validation curves of a method's record: one, or one per seed."""
+    if "seeds" in record:
+        return [
+            r["train"]["val_curve"] for r in record["seeds"].values() if "val_curve" in r["train"]
+        ]
+    curve = record.get("train", {}).get("val_curve")
+    return [curve] if curve else []
+
+
+def plot_val_curves(results: dict, ax=None):
+    """Validation bits per byte at the training length against training step, one line per
+    method and seed (``config.val_every``): shows whether training levelled off."""
+    ax = ax if ax is not None else _new_axes()
+    for i, (name, res) in enumerate(results["methods"].items()):
+        style = _style(name, i)
+        for k, curve in enumerate(_val_curves(res)):
+            ax.plot(
+                [p["step"] for p in curve],
+                [p["bpb"] for p in curve],
+                label=name if k == 0 else None,
+                lw=1,
+                linestyle=style["linestyle"],
+                color=style["color"],
+            )
+    ax.set_xlabel("training step")
+    ax.set_ylabel("validation bits per byte at the training length")
+    ax.legend(fontsize=7, ncol=2)
+    return ax
+
+
 def plot_loss_by_position(results: dict, factor: int | None = None, ax=None, *, window: int = 16):
     """Loss (bits) against position in the window at one length, smoothed over ``window``."""
     ax = ax if ax is not None else _new_axes()
-    for name, res in results["methods"].items():
+    for i, (name, res) in enumerate(results["methods"].items()):
         rows = res["eval"]
         row = rows[-1] if factor is None else next(r for r in rows if r["factor"] == factor)
         y = np.convolve(row["loss_by_position"], np.ones(window) / window, mode="valid")
-        style = _style(name)
+        style = _style(name, i)
         ax.plot(
             np.arange(len(y)) + window - 1,
             y,
@@ -716,11 +1073,12 @@ def plot_loss_by_position(results: dict, factor: int | None = None, ax=None, *, 
 def plot_retrieval(results: dict, length: int | None = None, ax=None):
     """Recall accuracy against distance at one sequence length, one line per method."""
     ax = ax if ax is not None else _new_axes()
-    for name, res in results["methods"].items():
+    for i, (name, res) in enumerate(results["methods"].items()):
         rows = [r for r in res["eval"] if length is None or r["length"] == length]
-        ax.plot(
-            [r["distance"] for r in rows], [r["accuracy"] for r in rows], label=name, **_style(name)
-        )
+        style = _style(name, i)
+        distances = [r["distance"] for r in rows]
+        ax.plot(distances, [r["accuracy"] for r in rows], label=name, **style)
+        _band(ax, distances, rows, "accuracy", style["color"])
     ax.axvline(results["provenance"]["config"]["train_len"] - 2, color="grey", lw=0.8)
     ax.axhline(0.1, color="grey", lw=0.8, linestyle=":")
     ax.set_xscale("log", base=2)

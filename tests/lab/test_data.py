@@ -136,3 +136,37 @@ def test_recall_distractors_are_lone_digits():
         make_recall_batch(1, 10, 3, num_pairs=2, num_distractors=6, generator=torch.Generator())
     with pytest.raises(ValueError, match="num_distractors"):
         make_recall_batch(1, 10, 3, num_distractors=-1, generator=torch.Generator())
+
+
+def test_spread_windows_read_the_same_bytes_at_every_length():
+    from relbias.lab.data import spread_eval_windows
+
+    data = torch.arange(10_000) % 251
+    x64, y64, starts = spread_eval_windows(data, 64, 1000, span_len=256)
+    x16, y16, starts16 = spread_eval_windows(data, 16, 1000, span_len=256)
+    assert torch.equal(starts, starts16) and len(starts) == 4  # ceil(1000 / 256) spans
+    assert x64.shape == (16, 64) and x16.shape == (64, 16)
+    assert torch.equal(x64.reshape(-1), x16.reshape(-1))  # same bytes, less context
+    assert torch.equal(y16, (x16 + 1) % 251)  # targets: the next byte
+    # spread over the whole text: the first span at 0, the last one ending at the end
+    assert int(starts[0]) == 0 and int(starts[-1]) == 10_000 - 1 - 256
+    assert (starts.diff() >= 256).all()  # no overlap when the text is long enough
+    with pytest.raises(ValueError, match="multiple of seq_len"):
+        spread_eval_windows(data, 48, 1000, span_len=256)
+    with pytest.raises(ValueError, match="no span"):
+        spread_eval_windows(data[:100], 16, 1000, span_len=256)
+
+
+def test_spread_windows_come_from_many_validation_files():
+    from relbias.lab.data import files_touched, spread_eval_windows
+
+    corpus = load_corpus(max_bytes=SMALL)
+    offsets = corpus.split_offsets("val")
+    assert offsets[0] == 0 and offsets[-1] == corpus.val.numel()
+    _, _, starts = spread_eval_windows(corpus.val, 256, 8192, span_len=256)
+    first_only = files_touched(torch.tensor([0]), 8192, offsets)
+    assert files_touched(starts, 256, offsets) > max(first_only, 1)
+    assert files_touched(torch.tensor([0]), 1, [0, 10, 20]) == 1
+    assert files_touched(torch.tensor([5]), 10, [0, 10, 20]) == 2
+    with pytest.raises(ValueError, match="split"):
+        corpus.split_offsets("test")

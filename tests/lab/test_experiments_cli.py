@@ -178,3 +178,44 @@ def test_tiny_retrieval_run(capsys, tmp_path):
         (16, 10),
     ]
     assert "accuracy" in capsys.readouterr().out
+
+
+def test_seed_and_checkpoint_option_errors(capsys, tmp_path):
+    out = ["--out", str(tmp_path)]
+    err = _error(capsys, ["extrapolation", "--seeds", "0", "--num-seeds", "3", *out])
+    assert "not allowed with argument" in err
+    assert "--seeds must not repeat" in _error(capsys, ["extrapolation", "--seeds", "1", "1", *out])
+    assert "integer >= 0" in _error(capsys, ["extrapolation", "--seeds", "-1", *out])
+    assert "--num-seeds" in _error(capsys, ["retrieval", "--num-seeds", "0", *out])
+    err = _error(capsys, ["extrapolation", "--checkpoint-minutes", "0", *out])
+    assert "--checkpoint-minutes" in err and "number > 0" in err
+    err = _error(capsys, ["extrapolation", "--resume", "--checkpoint-dir", str(tmp_path / "x")])
+    assert "no sweep to resume" in err
+    err = _error(capsys, ["retrieval", "--probe", "competing", "--competitors", "4",
+                          "--train-len", "8", *out])  # fmt: skip
+    assert "competing pairs do not fit" in err and "--train-len >= 19" in err
+    assert "invalid choice" in _error(capsys, ["ablation", "bogus", *out])
+    assert "invalid choice" in _error(capsys, ["retrieval", "--probe", "copy", *out])
+
+
+def test_tiny_competing_probe_with_seeds(capsys, tmp_path):
+    argv = [
+        "retrieval", "--probe", "competing", "--competitors", "2", "--methods", "alibi",
+        "--steps", "3", "--train-len", "12", "--lengths", "1", "2", "--num-seeds", "2",
+        "--out", str(tmp_path), "--no-progress", "--config", "quick",
+    ]  # fmt: skip
+    assert main(argv) == 0
+    res = json.loads((tmp_path / "retrieval_quick.json").read_text())
+    assert res["seeds"] == [0, 1] and res["probe"]["num_competitors"] == 2
+    rec = res["methods"]["alibi"]
+    assert [r["distance"] for r in rec["eval"] if r["length"] == 12] == [5, 6]
+    assert [r["distance"] for r in rec["eval"] if r["length"] == 24] == [5, 8, 16, 18]
+    assert all(r["n"] == 2 and 0 <= r["accuracy"] <= 1 for r in rec["eval"])
+    assert set(rec["seeds"]) == {"0", "1"} and rec["learned_bias"]["max_offset"] == 23
+    # a finished sweep removes its checkpoints; an unfinished one is never overwritten
+    assert not (tmp_path / "checkpoints").exists()
+    saved = tmp_path / "checkpoints" / "retrieval_quick"
+    saved.mkdir(parents=True)
+    (saved / "progress.json").write_text("{}")
+    err = _error(capsys, argv)
+    assert "already saved" in err and "--resume" in err

@@ -267,3 +267,75 @@ def test_largest_that_fits_steps_down_on_out_of_memory():
         largest_that_fits(run, [])
     with pytest.raises(ZeroDivisionError):  # other errors are not swallowed
         largest_that_fits(lambda size: 1 / 0, [2, 1])
+
+
+def test_medium_sits_between_quick_and_full_and_quick_is_unchanged():
+    quick, medium, full = (get_config(n) for n in ("quick", "medium", "full"))
+    assert quick.train_len < medium.train_len <= full.train_len
+    assert medium.steps > quick.steps
+    assert medium.batch_size * medium.train_len >= quick.batch_size * quick.train_len
+    assert medium.eval_spread and full.eval_spread and medium.eval_tokens >= 131072
+    assert medium.val_every > 0 and medium.probe_task == "competing" and medium.probe_competitors
+    assert medium.probe_eval_factors == (1, 4, 16)
+    # the chapters' live demos: unchanged
+    assert not quick.eval_spread and quick.eval_tokens == 16384 and quick.val_every == 0
+    assert quick.probe_task == "recall" and quick.steps == 1000 and quick.train_len == 64
+    for field, bad in (("eval_spread", 1), ("val_every", -1), ("probe_task", "x")):
+        with pytest.raises(ValueError, match=field):
+            get_config("quick", **{field: bad})
+
+
+def test_spread_evaluation_records_bytes_and_files(corpus):
+    seed_everything(0)
+    model = build_model("alibi", TINY)
+    cfg = TINY.replace(eval_spread=True, eval_tokens=2048)
+    rows = evaluate_lengths(
+        model, corpus.val, cfg, factors=(1, 4), file_offsets=corpus.split_offsets("val")
+    )
+    assert [r["bytes"] for r in rows] == [2048, 2048]  # the same bytes at every length
+    assert rows[0]["files"] > 1 and rows[0]["files"] == rows[1]["files"]
+    plain = evaluate_lengths(model, corpus.val, TINY, factors=(1, 4))
+    assert [r["bytes"] for r in plain] == [1024, 1024] and "files" not in plain[0]
+    assert rows[0]["bpb"] != plain[0]["bpb"]  # other text
+
+
+def test_validation_curve_during_training(corpus):
+    seed_everything(0)
+    model = build_model("alibi", TINY)
+    cfg = TINY.replace(val_every=15, val_tokens=512)
+    history = train_lm(model, corpus.train, cfg, progress=False, val_data=corpus.val)
+    steps = [p["step"] for p in history["val_curve"]]
+    assert steps == [15, 30, 40]
+    assert history["val_curve"][-1]["bpb"] < history["val_curve"][0]["bpb"]
+    assert model.training is False
+    quiet = train_lm(build_model("alibi", TINY), corpus.train, TINY, progress=False)
+    assert "val_curve" not in quiet  # off unless asked for (quick: val_every = 0)
+    with pytest.raises(ValueError, match="val_every"):
+        train_lm(model, corpus.train, TINY, progress=False, val_every=-2)
+
+
+def test_plot_shows_interval_bands(tmp_path):
+    from relbias.lab.experiments import run_extrapolation
+
+    cfg = TINY.replace(steps=3, eval_factors=(1, 2))
+    res = run_extrapolation(cfg, ["alibi"], seeds=[0, 1], progress=False, verbose=False)
+    row = res["methods"]["alibi"]["eval"][0]
+    assert row["n"] == 2 and row["bpb_low"] <= row["bpb"] <= row["bpb_high"]
+    per_seed = [res["methods"]["alibi"]["seeds"][s]["eval"][0]["bpb"] for s in ("0", "1")]
+    assert row["bpb"] == pytest.approx(sum(per_seed) / 2)
+    fig = plot_results(res)
+    assert len(fig.axes[0].collections) == 1  # the band of the one method
+    single = run_extrapolation(cfg, ["alibi"], progress=False, verbose=False)
+    assert len(plot_results(single).axes[0].collections) == 0
+    assert len(plot_results(single).axes) == 2  # no validation curve: two panels
+    curved = run_extrapolation(
+        cfg.replace(val_every=1, val_tokens=256), ["alibi"], seeds=[0, 1], verbose=False,
+        progress=False,
+    )  # fmt: skip
+    fig = plot_results(curved)
+    assert len(fig.axes) == 3 and len(fig.axes[2].lines) == 2  # one curve per seed
+    assert [len(r["train"]["val_curve"]) for r in curved["methods"]["alibi"]["seeds"].values()] == [
+        3,
+        3,
+    ]
+    assert len(curved["methods"]["alibi"]["train"]["val_levelled"]) == 2

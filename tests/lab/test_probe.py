@@ -1,0 +1,119 @@
+"""The competing-keys probe: the answer only behind the far key, competitors nearer."""
+
+import pytest
+import torch
+
+from relbias.lab.data import KEYS, VALUES
+from relbias.lab.probe import make_competing_batch, make_probe_batch, max_distance, min_distance
+from relbias.lab.training import Config, evaluate_retrieval, probe_batches
+
+UPPER = set(KEYS)
+DIGITS = set(VALUES)
+
+
+def _batch(seed=0, batch=64, seq_len=48, distance=None, k=3):
+    gen = torch.Generator().manual_seed(seed)
+    if distance is None:
+        high = max_distance(seq_len, k)
+        distance = torch.randint(min_distance(k), high + 1, (batch,), generator=gen)
+    return make_competing_batch(batch, seq_len, distance, num_competitors=k, generator=gen)
+
+
+def test_layout_target_far_competitors_near():
+    k, n = 3, 48
+    gen = torch.Generator().manual_seed(1)
+    dist = torch.randint(min_distance(k), max_distance(n, k) + 1, (200,), generator=gen)
+    x, y = make_competing_batch(200, n, dist, num_competitors=k, generator=gen)
+    assert x.shape == y.shape == (200, n)
+    assert (y[:, :-1] == -100).all()
+    nearer_counts, farther_counts = set(), set()
+    for b in range(200):
+        row, d = x[b].tolist(), int(dist[b])
+        value_pos = n - 1 - d
+        query = row[-1]
+        assert row[value_pos] == y[b, -1] and row[value_pos - 1] == query
+        keys_before = [i for i in range(n - 1) if row[i] in UPPER]
+        digits_before = [i for i in range(n - 1) if row[i] in DIGITS]
+        assert len(keys_before) == len(digits_before)
+        assert all(row[i + 1] in DIGITS for i in keys_before)  # every key has its digit
+        # the query key appears once before the query: the target key
+        assert [i for i in keys_before if row[i] == query] == [value_pos - 1]
+        nearer = [i for i in keys_before if i > value_pos]
+        farther = [i for i in keys_before if i < value_pos - 1]
+        assert 1 <= len(nearer) <= k and len(farther) <= k
+        assert all(i + 1 < n - 1 for i in nearer)
+        nearer_counts.add(len(nearer))
+        farther_counts.add(len(farther))
+        # no competing digit equals the answer, so copying another digit is always wrong
+        assert [row[i] for i in digits_before].count(int(y[b, -1])) == 1
+    # neither the pair's rank from the end nor "the farthest pair" gives the answer
+    assert nearer_counts == {1, 2, 3} and farther_counts == {0, 1, 2, 3}
+
+
+def test_answer_needs_the_far_key():
+    x, y = _batch(seed=2)
+    answers = y[:, -1]
+    nearest, matched = [], []
+    for row in x.tolist():
+        nearest.append(next(row[i] for i in range(len(row) - 2, -1, -1) if row[i] in DIGITS))
+        key_pos = row.index(row[-1])
+        matched.append(row[key_pos + 1])
+    assert (torch.tensor(nearest) != answers).all()  # the nearest digit: always wrong
+    assert (torch.tensor(matched) == answers).all()  # the digit after the query key: right
+
+
+def test_seeded_and_deterministic():
+    a, b, c = _batch(seed=5), _batch(seed=5), _batch(seed=6)
+    assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+    assert not torch.equal(a[0], c[0])
+
+
+def test_farthest_and_nearest_distances():
+    k, n = 2, 20
+    assert max_distance(n, k) == n - 2 - 2 * k
+    for d in (min_distance(k), max_distance(n, k)):
+        x, y = _batch(distance=d, seq_len=n, k=k, batch=8)
+        assert (x[:, n - 1 - d] == y[:, -1]).all()
+    assert min_distance(0) == 1 and min_distance(4) == 9
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"distance": 4, "k": 2}, "distance must lie in 5..42"),
+        ({"distance": 43, "k": 2}, "distance must lie"),
+        ({"distance": 5, "k": 5}, "num_competitors must be an integer in 0..4"),
+        ({"distance": 5, "k": -1}, "num_competitors"),
+        ({"distance": 5, "k": 2, "seq_len": 10}, "need seq_len >= 11"),
+    ],
+)
+def test_bad_input(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        _batch(**kwargs)
+
+
+def test_probe_task_dispatch_and_config():
+    gen = torch.Generator().manual_seed(0)
+    with pytest.raises(ValueError, match="probe task"):
+        make_probe_batch("copy", 2, 16, 3, generator=gen)
+    with pytest.raises(ValueError, match="probe_task"):
+        Config(probe_task="copy")
+    with pytest.raises(ValueError, match="probe_competitors"):
+        Config(probe_competitors=-1)
+    cfg = Config(train_len=24, probe_batch_size=16, probe_task="competing", probe_competitors=3)
+    x, y = probe_batches(cfg)(gen)
+    assert x.shape == (16, 24)
+    value_pos = (x == y[:, -1:]).int().argmax(dim=1)  # the answer digit is unique in the row
+    dist = 24 - 1 - value_pos
+    assert (dist >= min_distance(3)).all() and (dist <= max_distance(24, 3)).all()
+
+
+def test_evaluate_retrieval_skips_distances_that_leave_no_room():
+    from relbias.lab.model import TinyLM
+
+    cfg = Config(train_len=16, probe_task="competing", probe_competitors=2, probe_eval_samples=4)
+    model = TinyLM(dim=16, depth=1, heads=2, position="alibi", train_len=16)
+    rows = evaluate_retrieval(model, cfg, seq_len=32)
+    assert [r["distance"] for r in rows][0] == min_distance(2)
+    assert [r["distance"] for r in rows][-1] == 26  # 32 - 2 - 2 * 2
+    assert all(min_distance(2) <= r["distance"] <= 26 for r in rows)

@@ -1,0 +1,75 @@
+"""Intervals over seeds: the t quantile, the t-interval, separation, levelling off."""
+
+import math
+
+import pytest
+
+from relbias.lab.stats import interval, levelled_off, separates, t_central_probability, t_quantile
+
+# Two-sided 95 % quantiles of Student's t from printed tables (e.g. NIST/SEMATECH).
+TABLE_95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 10: 2.228, 30: 2.042}
+
+
+@pytest.mark.parametrize("df", sorted(TABLE_95))
+def test_t_quantile_matches_printed_tables(df):
+    assert t_quantile(0.95, df) == pytest.approx(TABLE_95[df], abs=1e-3)
+
+
+def test_t_quantile_tends_to_the_normal_and_inverts_the_cdf():
+    assert t_quantile(0.95, 2000) == pytest.approx(1.96, abs=2e-3)
+    for df in (1, 2, 5, 9):
+        for conf in (0.5, 0.9, 0.99):
+            assert t_central_probability(t_quantile(conf, df), df) == pytest.approx(conf, abs=1e-9)
+    assert t_central_probability(0.0, 3) == 0.0
+    assert t_quantile(0.99, 4) > t_quantile(0.95, 4) > t_quantile(0.95, 40)
+
+
+def test_interval_of_three_seeds():
+    iv = interval([1.0, 2.0, 3.0])
+    half = t_quantile(0.95, 2) * 1.0 / math.sqrt(3)
+    assert iv["mean"] == pytest.approx(2.0) and iv["sd"] == pytest.approx(1.0) and iv["n"] == 3
+    assert iv["low"] == pytest.approx(2.0 - half) and iv["high"] == pytest.approx(2.0 + half)
+    wider = interval([0.0, 2.0, 4.0])  # twice the spread, twice the width
+    assert wider["high"] - wider["low"] == pytest.approx(2 * (iv["high"] - iv["low"]))
+    narrow = interval([1.0, 2.0, 3.0], confidence=0.5)
+    assert narrow["low"] > iv["low"] and narrow["high"] < iv["high"]
+
+
+def test_one_seed_has_no_interval_and_separates_nothing():
+    iv = interval([1.5])
+    assert iv["mean"] == 1.5 and math.isnan(iv["low"]) and math.isnan(iv["high"])
+    assert not separates(iv, interval([9.0, 9.1, 9.2]))
+
+
+def test_separates():
+    low = interval([1.0, 1.1, 0.9])
+    high = interval([5.0, 5.1, 4.9])
+    close = interval([1.05, 1.2, 0.95])
+    assert separates(low, high) and separates(high, low)
+    assert not separates(low, close)
+
+
+@pytest.mark.parametrize(
+    "call, match",
+    [
+        (lambda: interval([]), "values"),
+        (lambda: interval([1.0, float("nan")]), "finite"),
+        (lambda: interval([1.0, 2.0], confidence=1.5), "confidence"),
+        (lambda: t_quantile(0.95, 0), "df"),
+        (lambda: t_central_probability(-1.0, 3), "t must be"),
+        (lambda: separates({"low": 1.0}, interval([1.0, 2.0])), "interval dict"),
+        (lambda: levelled_off([{"step": 1, "bpb": 2.0}]), "two points"),
+        (lambda: levelled_off([], fraction=2), "fraction"),
+    ],
+)
+def test_bad_input_names_the_parameter(call, match):
+    with pytest.raises(ValueError, match=match):
+        call()
+
+
+def test_levelled_off():
+    flat = [{"step": s, "bpb": 2.0 + 1.0 / s} for s in range(100, 3001, 100)]
+    falling = [{"step": s, "bpb": 5.0 - s / 1000} for s in range(100, 3001, 100)]
+    assert levelled_off(flat)["levelled"]
+    result = levelled_off(falling)
+    assert not result["levelled"] and result["drop"] == pytest.approx(0.6, abs=0.05)
