@@ -123,7 +123,7 @@ def test_runtime_dependencies_are_ranges(pyproject):
     for dep in deps:
         assert "==" not in dep and "===" not in dep, f"runtime dependency pinned exactly: {dep}"
     torch = next(d for d in deps if canonical(REQ_NAME.match(d).group(1)) == "torch")
-    assert ">=2.11" in torch.replace(" ", ""), "declare the oldest torch that was tested"
+    assert ">=2.13" in torch.replace(" ", ""), "declare the oldest torch that was tested"
 
 
 def test_extras_and_tool_config(pyproject):
@@ -297,3 +297,81 @@ def test_the_pages_workflow_builds_with_the_readme_command_and_deploys():
     assert upload["with"]["path"] == "_build/html"
     assert deploy["needs"] == "build"
     assert any("deploy-pages" in s.get("uses", "") for s in deploy["steps"])
+
+
+# --- Binder's reading environment (binder/) -----------------------------------------------------
+
+READING_ONLY_NOT = {
+    "transformers",
+    "x-transformers",
+    "playwright",
+    "pytest",
+    "hypothesis",
+    "nbval",
+    "ruff",
+    "jupyter-book",
+    "sphinx",
+}
+
+
+@pytest.fixture(scope="module")
+def binder() -> dict:
+    with open(ROOT / "binder" / "environment.yml") as fh:
+        return _yaml().safe_load(fh)
+
+
+def _binder_pins(binder: dict) -> dict[str, str]:
+    pins = {}
+    for item in _pip_section(binder):
+        match = PIN.match(item)
+        if match:
+            pins[canonical(match.group(1))] = match.group(3)
+        else:
+            assert item.startswith("--extra-index-url "), f"binder: unpinned {item!r}"
+    return pins
+
+
+def _book_extra_needs(pyproject) -> set[str]:
+    """The projects relbias[book] needs, its self-references expanded, and torch."""
+    optional = pyproject["project"]["optional-dependencies"]
+    names, todo, seen = {"torch"}, ["book"], set()
+    while todo:
+        extra = todo.pop()
+        if extra in seen:
+            continue
+        seen.add(extra)
+        for req in optional[extra]:
+            inner = re.fullmatch(r"relbias\[([^\]]*)\]", req.strip())
+            if inner:
+                todo += [e.strip() for e in inner.group(1).split(",")]
+            else:
+                names.add(canonical(REQ_NAME.match(req).group(1)))
+    return names
+
+
+def test_binder_pins_the_reading_environment_of_constraints(binder, constraints, pyproject):
+    deps = [d for d in binder["dependencies"] if isinstance(d, str)]
+    assert "python=3.11" in [d.replace(" ", "") for d in deps]
+    pins = _binder_pins(binder)
+    wrong = {
+        n: (v, constraints.get(n)) for n, v in pins.items() if strip_local(v) != constraints.get(n)
+    }
+    assert not wrong, f"binder pin != constraints.txt (binder, constraints): {wrong}"
+    missing = _book_extra_needs(pyproject) - set(pins)
+    assert not missing, f"binder/environment.yml lacks what relbias[book] needs: {missing}"
+    extra = set(pins) & READING_ONLY_NOT
+    assert not extra, f"binder/environment.yml installs the test or build environment: {extra}"
+
+
+def test_binder_takes_a_cpu_torch(binder):
+    items = _pip_section(binder)
+    assert "--extra-index-url https://download.pytorch.org/whl/cpu" in items
+    assert _binder_pins(binder)["torch"].endswith("+cpu")
+
+
+def test_binder_installs_relbias_itself_without_dependencies():
+    post = ROOT / "binder" / "postBuild"
+    assert os.access(post, os.X_OK), "binder/postBuild must be executable"
+    text = post.read_text()
+    assert text.startswith("#!/usr/bin/env bash\n") and "set -euo pipefail" in text
+    assert re.search(r"pip install --no-deps \.$", text, re.M)
