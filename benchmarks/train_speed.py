@@ -13,17 +13,20 @@ costs in training), and the attention backend ``auto`` took. ``--backend materia
 times the dense bias instead (what training cost before the fused kernel's backward).
 With ``--steps`` smaller than the config's, the last line extrapolates the sweep's
 training time to the config's step count. Timings on a shared CPU vary with what else
-runs: run it on a quiet machine.
+runs: run it on a quiet machine. ``--out FILE`` also writes the rows as JSON, with the
+command, the commit, the versions and the load average (``benchmarks/results/``).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 
 import torch
 
+from relbias._stored import write_json
 from relbias.attention import choose_backend
 from relbias.lab.data import load_corpus
 from relbias.lab.experiments import resolve_methods
@@ -33,6 +36,7 @@ from relbias.lab.training import (
     evaluate_lengths,
     get_config,
     pick_device,
+    provenance,
     seed_everything,
     train_lm,
 )
@@ -88,6 +92,7 @@ def main(argv=None) -> int:
     )
     for name in SIZE_OPTIONS:
         parser.add_argument("--" + name.replace("_", "-"), type=int, help="override the config's")
+    parser.add_argument("--out", help="also write the rows as JSON to this file")
     args = parser.parse_args(argv)
     try:
         methods = resolve_methods(args.methods)
@@ -98,12 +103,13 @@ def main(argv=None) -> int:
         config = get_config(args.config, **overrides)
     except (TypeError, ValueError) as err:
         parser.error(str(err))
-    steps = args.steps or config.steps
+    steps = args.steps if args.steps is not None else config.steps
     if steps <= 0:
         parser.error("--steps must be > 0")
     if args.warmup_steps < 0:
         parser.error("--warmup-steps must be >= 0")
     device = pick_device(args.device, verbose=False)
+    load_at_start = os.getloadavg()
     corpus = load_corpus(max_bytes=config.corpus_bytes)
     print(
         f"config {config.name}: width {config.dim}, {config.heads} heads, {config.depth} "
@@ -134,6 +140,29 @@ def main(argv=None) -> int:
     if steps != config.steps:
         estimate = total_train * config.steps / steps + total_eval
         print(f"estimated sweep at {config.steps} steps: {estimate:.0f} s")
+    if args.out:
+        nope = rows.get("nope")
+        report = {
+            **provenance(config, device),
+            "threads": torch.get_num_threads(),
+            "load_average_at_start": load_at_start,
+            "load_average_at_end": os.getloadavg(),
+            "steps": steps,
+            "warmup_steps": args.warmup_steps,
+            "backend": args.backend,
+            "rows": [
+                {
+                    "method": method,
+                    "seconds_per_step": step_s,
+                    "tokens_per_s": tps,
+                    "eval_seconds": eval_s,
+                    "backend": taken,
+                    "ratio_to_nope": step_s / nope[0] if nope else None,
+                }
+                for method, (step_s, tps, eval_s, taken) in rows.items()
+            ],
+        }
+        print(f"wrote {write_json(report, args.out)}")
     return 0
 
 

@@ -129,6 +129,7 @@ def _run(config: BenchConfig, log) -> dict:
         "schema": 1,
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "command": "python -m relbias.bench " + " ".join(config.argv),
+        "commit": _git_commit(),
         "machine": _machine(),
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),
@@ -161,6 +162,25 @@ def _run(config: BenchConfig, log) -> dict:
     }
     report["goals"] = evaluate_goals(report)
     return report
+
+
+def _git_commit() -> str | None:
+    """The repository's HEAD commit (``+dirty`` when the tree has changes), or None."""
+    import subprocess
+
+    here = Path(__file__).resolve().parent
+    try:
+        head = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True
+        )
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain"], cwd=here, capture_output=True, text=True
+        )
+    except OSError:
+        return None
+    if head.returncode != 0:
+        return None
+    return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
 
 
 def _machine() -> dict:
@@ -300,5 +320,5 @@ def provenance(report) -> str:
         f"{cfg['heads']} heads of dimension {cfg['head_dim']}, causal; "
         f"flush denormals: {report['flush_denormal']}; load average (1, 5, 15 min) at the "
         f"start: {', '.join(f'{x:.1f}' for x in m.get('load_average_at_start', []))}; "
-        f"command: {report['command']}"
+        f"command: {report['command']}; commit {str(report.get('commit'))[:12]}"
     )

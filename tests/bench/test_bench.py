@@ -196,3 +196,41 @@ def test_table_tiles_script_rejects_bad_arguments(argv, message, capsys):
         _table_tiles().main(argv)
     assert err.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def _train_speed():
+    """benchmarks/train_speed.py as a module (the scripts are not installed)."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "train_speed.py"
+    spec = importlib.util.spec_from_file_location("train_speed", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_train_speed_reports_the_ratio_to_nope_and_the_backend(tmp_path, capsys):
+    out = tmp_path / "speed.json"
+    argv = "--methods nope alibi fire --steps 2 --warmup-steps 1 --no-eval "
+    argv += f"--dim 32 --heads 2 --train-len 32 --batch-size 2 --out {out}"
+    assert _train_speed().main(argv.split()) == 0
+    printed = capsys.readouterr().out
+    assert "vs nope" in printed and "width 32, 2 heads" in printed
+    report = json.loads(out.read_text())
+    rows = {r["method"]: r for r in report["rows"]}
+    assert rows["nope"]["ratio_to_nope"] == 1.0 and rows["nope"]["backend"] == "sdpa (no bias)"
+    assert rows["alibi"]["backend"] == rows["fire"]["backend"] == "fused"  # training on the CPU
+    assert rows["fire"]["ratio_to_nope"] > 0 and rows["fire"]["seconds_per_step"] > 0
+    assert report["config"]["train_len"] == 32 and len(report["load_average_at_start"]) == 3
+    assert report["commit"] is None or len(report["commit"]) >= 40
+
+
+@pytest.mark.parametrize(
+    "argv,message",
+    [(["--steps", "0"], "--steps must be > 0"), (["--methods", "nope_x"], "unknown method")],
+)
+def test_train_speed_rejects_bad_arguments(argv, message, capsys):
+    with pytest.raises(SystemExit):
+        _train_speed().main(argv)
+    assert message in capsys.readouterr().err
