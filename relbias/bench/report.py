@@ -270,6 +270,12 @@ def format_tables(report) -> str:
                 floor_txt = _floor_text(rows.get((None, n, "sdpa"), {}), pass_)
                 cells = "".join(f"{_fmt_ratio(rows.get((family, n, m))):>13s}" for m in cols)
                 lines.append(f"{family:13s}{n:>7d}{floor_txt:>11s}{cells}")
+    skips = [r for r in report["results"] if r["pass"] == "forward" and "blocks_skipped" in r]
+    if skips:
+        lines.append("\nFused kernel, forward: key blocks skipped (weights all below 2^-64)")
+        for r in skips:
+            total = r["blocks_skipped"] + r["blocks_computed"]
+            lines.append(f"  {r['family']:13s} n={r['n']:<6d} {r['blocks_skipped']} of {total}")
     accuracy = report.get("bfloat16_accuracy")
     if accuracy:
         lines.append(f"\nbfloat16 fused kernel, n = {accuracy['n']}: largest error / largest value")
