@@ -1,7 +1,8 @@
 """The bias families: one module each, all behind :class:`RelativeBias`.
 
 PE(i, j) is a function of the offset ``i - j`` (FIRE also of the query position ``i``),
-added to the attention scores after the ``1/sqrt(d)`` scaling.
+added to the attention scores after the ``1/sqrt(d)`` scaling (the book adds it inside:
+see :class:`RelativeBias` for the factor sqrt(d) between the two).
 """
 
 from relbias.biases.alibi import ALiBi, alibi_slopes

@@ -18,6 +18,7 @@ import inspect
 import io
 import re
 import sys
+import textwrap
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -101,11 +102,31 @@ def _shown(obj, display: bool):
     return None
 
 
-def show_source(obj, *, docstring: bool = True, display: bool = True):
+def _excerpt(source: str, lines: tuple[str, str]) -> tuple[str, int, int]:
+    """The lines of ``source`` from the first containing ``lines[0]`` to the first one
+    after it containing ``lines[1]`` (both included), dedented; and their 1-based span."""
+    first, last = lines
+    rows = source.splitlines()
+    start = next((i for i, row in enumerate(rows) if first in row), None)
+    if start is None:
+        raise ValueError(f"no line contains {first!r}")
+    stop = next((i for i in range(start, len(rows)) if last in rows[i]), None)
+    if stop is None:
+        raise ValueError(f"no line from {first!r} on contains {last!r}")
+    return textwrap.dedent("\n".join(rows[start : stop + 1])), start + 1, stop + 1
+
+
+def show_source(
+    obj, *, docstring: bool = True, lines: tuple[str, str] | None = None, display: bool = True
+):
     """Show the real source of a relbias function, class or method as highlighted code.
 
     The code comes from :func:`inspect.getsource`, so the book always shows what the
     library runs. ``docstring=False`` leaves out the first docstring (for long classes).
+    ``lines=(first, last)`` shows only an excerpt: the lines from the first one that
+    contains the text ``first`` to the next one that contains ``last`` (the formula of a
+    longer function, without its argument checks or dispatch); the header says which
+    lines of the definition they are.
     Displays Markdown (a fenced code block headed by the qualified name and the file);
     with ``display=False`` returns the display object instead.
     """
@@ -113,7 +134,11 @@ def show_source(obj, *, docstring: bool = True, display: bool = True):
     source = inspect.cleandoc("\n" + source) if source[:1].isspace() else source
     if not docstring:
         source = _strip_docstring(source)
-    header = f"`{_qualified_name(obj)}`, from `{_source_file(obj)}`:"
+    where = ""
+    if lines is not None:
+        source, start, stop = _excerpt(source, lines)
+        where = f" (lines {start}-{stop} of the definition)"
+    header = f"`{_qualified_name(obj)}`, from `{_source_file(obj)}`{where}:"
     return _shown(_code(header, source), display)
 
 

@@ -33,9 +33,13 @@ def book_alibi_betas(num_heads: int) -> torch.Tensor:
     return 2.0 ** (-8.0 / k)
 
 
-def power_of_two(x: float) -> str:
-    """``x`` written as a power of two, e.g. ``2^-1.5`` (exact for ALiBi's slopes)."""
-    return f"2^{math.log2(x):g}"
+def power_of_two(x: float, *, tex: bool = False) -> str:
+    """``x`` written as a power of two, e.g. ``2^-1.5`` (exact for ALiBi's slopes).
+
+    ``tex=True`` gives inline maths for a Markdown table or prose, e.g. ``$2^{-1.5}$``.
+    """
+    exponent = f"{math.log2(x):g}"
+    return f"$2^{{{exponent}}}$" if tex else f"2^{exponent}"
 
 
 def alibi_slope_table(num_heads: int, *, head_dim: int | None = None):
@@ -43,12 +47,12 @@ def alibi_slope_table(num_heads: int, *, head_dim: int | None = None):
     the book's equivalent beta_k = m_k sqrt(d)). Returns ``(rows, headers)``."""
     book = book_alibi_betas(num_heads).tolist()
     paper = alibi_slopes(num_heads).double().tolist()
-    headers = ["head k", "Eq. 2.84 as printed: 1/2^(8/k)", "paper: m_k", "m_k as a power of 2"]
+    headers = ["head $k$", "Eq. 2.84 as printed: $1/2^{8/k}$", "paper: $m_k$", "$m_k$"]
     if head_dim is not None:
-        headers.append(f"book's beta_k = m_k sqrt({head_dim})")
+        headers.append(f"book's $\\beta_k = m_k \\sqrt{{{head_dim}}}$")
     rows = []
     for k in range(num_heads):
-        row = [k + 1, book[k], paper[k], power_of_two(paper[k])]
+        row = [k + 1, book[k], paper[k], power_of_two(paper[k], tex=True)]
         if head_dim is not None:
             row.append(paper[k] * math.sqrt(head_dim))
         rows.append(row)
@@ -62,7 +66,7 @@ def plot_alibi_slopes(head_counts=(4, 6, 8, 12, 16), *, erratum_heads: int = 8):
     not a power of two the slopes of the lower power of two are followed by every other
     slope of the next one, so the set interleaves instead of forming one geometric run.
     """
-    fig, axes = figure(11, 3.8, ncols=2)
+    fig, axes = figure(8, 3.6, ncols=2)
     ax0, ax1 = axes.flat
     k = np.arange(1, erratum_heads + 1)
     ax0.plot(
@@ -83,14 +87,14 @@ def plot_alibi_slopes(head_counts=(4, 6, 8, 12, 16), *, erratum_heads: int = 8):
     ax0.set_xlabel(f"head k ({erratum_heads} heads)")
     ax0.set_ylabel("slope (log scale)")
     ax0.set_title("the printed slopes grow with k; the paper's shrink", fontsize=9)
-    ax0.legend(fontsize=8)
+    ax0.legend(fontsize=9)
     for n in head_counts:
         ax1.plot(np.arange(1, n + 1), alibi_slopes(n).numpy(), "o-", ms=4, label=f"n = {n}")
     ax1.set_yscale("log", base=2)
     ax1.set_xlabel("head k")
-    ax1.set_ylabel("slope m_k (log scale)")
+    ax1.set_ylabel("slope $m_k$ (log scale)")
     ax1.set_title("the paper's slopes for several head counts n", fontsize=9)
-    ax1.legend(fontsize=8)
+    ax1.legend(fontsize=9)
     return fig
 
 
@@ -139,7 +143,7 @@ def plot_recency_weights(slopes_by_label: dict, length: int = 64, *, ax=None):
         ax_.set_xlabel("offset i - j")
         ax_.set_ylabel("attention weight (q = 0)")
         ax_.set_title(label, fontsize=9)
-        ax_.legend(fontsize=6)
+        ax_.legend(fontsize=9)
     return fig
 
 
@@ -147,7 +151,7 @@ def word_pair_table(words: list[str], slope: float):
     """Every causal (query, key) pair of ``words`` grouped by offset, with ALiBi's bias.
 
     Returns ``(rows, headers)``: one row per offset i - j with the number of pairs, an
-    example pair and PE(i, j) = -slope * (i - j), smallest penalty first.
+    example pair and the bias after the scaling, -slope * (i - j), smallest penalty first.
     """
     rows = []
     for offset in range(len(words)):
@@ -155,7 +159,7 @@ def word_pair_table(words: list[str], slope: float):
         i, j = pairs[0]
         example = f"q={words[i]} ({i}), k={words[j]} ({j})"
         rows.append([offset, len(pairs), example, 0.0 - slope * offset])
-    return rows, ["offset i - j", "pairs", "first pair", "PE(i, j)"]
+    return rows, ["offset $i - j$", "pairs", "first pair", "bias $-m\\,(i-j)$"]
 
 
 def penalty_reach(bias: RelativeBias, threshold: float = 5.0, *, max_offset: int = 100_000):
@@ -215,7 +219,7 @@ def plot_cpd_scan(exponents, values, *, tolerance: float = 1e-9):
     ax.set_xlabel("exponent r2 of the kernel -|i-j|^r2")
     ax.set_ylabel("min eig(P K P) / max |eig|")
     ax.set_title("-|i-j|^r2 is conditionally positive definite exactly when r2 <= 2", fontsize=9)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=9)
     return fig
 
 
@@ -260,7 +264,7 @@ def plot_fire_inputs(fire: FIRE, short_len: int, long_len: int, *, rows=None):
     axes[2].set_xlabel("offset i - j")
     axes[2].set_ylabel("MLP input")
     axes[2].set_title("input by offset, one line per query i", fontsize=9)
-    axes[2].legend(fontsize=7)
+    axes[2].legend(fontsize=9)
     return fig
 
 
@@ -290,11 +294,15 @@ def extrapolation_rows(results: dict, *, methods=None):
 #: the book calls its hyper-parameters; the baselines add no bias.
 TABLE_2_4 = {
     "offset": (r"$u_{i-j}$, offsets clipped to $m_l - 1$", r"the clip $K$ (here $m_l - 1$)"),
-    "t5": (r"$u_{b(i-j)}$", r"$n_b$, $\mathrm{dist}_{max}$"),
+    "t5": (r"$u_{b(i-j)}$", r"$n_b$, $\mathrm{dist}_{\max}$"),
     "alibi": (r"$-\beta\,(i-j)$", r"$\beta$ per head (fixed slopes)"),
     "sandwich": (r"$\sum_{k=1}^{d'/2}\cos\big((i-j)/10000^{2k/d'}\big)$", r"$d'$"),
-    "kerple_power": (r"$-\beta_1\,|i-j|^{\beta_2}$", r"none: $\beta_1, \beta_2$ learned"),
-    "kerple_log": (r"$-\beta_1 \log(1 + \beta_2\,|i-j|)$", r"none: $\beta_1, \beta_2$ learned"),
+    # \lvert, not |: a table cell escapes "|" to "\|", which TeX reads as a double bar
+    "kerple_power": (r"$-\beta_1 \lvert i-j\rvert^{\beta_2}$", r"none: $\beta_1, \beta_2$ learned"),
+    "kerple_log": (
+        r"$-\beta_1 \log(1 + \beta_2\,\lvert i-j\rvert)$",
+        r"none: $\beta_1, \beta_2$ learned",
+    ),
     "fire": (
         r"$f_\theta\big(\psi(i-j)/\psi(\max(m_{len}, i))\big)$",
         r"hidden size; $c$, $m_{len}$ learned",
@@ -353,11 +361,11 @@ def table_2_4_rows(results: dict, config, *, cost_length: int = 1024):
     """
     headers = [
         "method",
-        "PE(i, j)",
+        r"$\mathrm{PE}(i,j)$",
         "hyper-parameters",
         "learned parameters",
         f"work for a {cost_length}-token bias",
-        "bpb longest / bpb train",
+        "bits per byte, longest / training length",
     ]
     rows = []
     for name, rec in results["methods"].items():
@@ -393,5 +401,40 @@ def plot_window_loss(evals: dict, train_len: int, *, ax=None, window: int = 32):
     ax.axvline(train_len, color="grey", lw=0.8)
     ax.set_xlabel(f"position in the window of {row['length']} (running mean of {window})")
     ax.set_ylabel("bits per byte")
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=9)
+    return fig
+
+
+# The stored sweep's methods in three groups, one panel each: what the book predicts for them.
+SWEEP_GROUPS = {
+    "distance penalties": ("alibi", "sandwich", "kerple_power", "kerple_log"),
+    "learned tables, FIRE": ("offset", "t5", "fire"),
+    "absolute, rotary, none": ("learned", "sinusoidal", "rope", "nope"),
+}
+
+
+def plot_sweep_groups(results: dict, groups: dict | None = None):
+    """Bits per byte against the evaluation length, one panel per group of methods.
+
+    ``results`` is a stored extrapolation sweep (``results["methods"][m]["eval"]`` rows
+    with ``length`` and ``bpb``); ``groups`` maps a panel title to method names (default
+    :data:`SWEEP_GROUPS`; methods missing from the results are skipped). The panels share
+    their y axis, and a grey line marks the training length. Returns the Figure.
+    """
+    groups = SWEEP_GROUPS if groups is None else groups
+    train_len = results["provenance"]["config"]["train_len"]
+    fig, axes = figure(8, 3.3, ncols=len(groups), sharey=True)
+    for ax, (title, methods) in zip(np.atleast_1d(axes).flat, groups.items()):
+        for method in methods:
+            if method not in results["methods"]:
+                continue
+            rows = results["methods"][method]["eval"]
+            ax.plot([r["length"] for r in rows], [r["bpb"] for r in rows], "o-", ms=3, label=method)
+        ax.axvline(train_len, color="grey", lw=0.8)
+        ax.set_xscale("log", base=2)
+        ax.set_title(title, fontsize=9)
+        ax.set_xlabel("evaluation length", fontsize=9)
+        ax.tick_params(labelsize=9)
+        ax.legend(fontsize=9)
+    np.atleast_1d(axes).flat[0].set_ylabel("bits per byte", fontsize=9)
     return fig

@@ -24,6 +24,9 @@ from matplotlib.figure import Figure
 from relbias import RelativeBias
 from relbias.lab.training import learned_bias
 
+# The widest figure, in inches: a page shows figures about 780 px wide (100 dpi).
+PAGE_WIDTH = 8.0
+
 __all__ = [
     "figure",
     "plot_bias_by_offset",
@@ -40,7 +43,9 @@ def figure(
 
     Returns ``(fig, axes)``; ``axes`` is a single Axes for 1 x 1, else a 2-D array.
     """
-    fig = Figure(figsize=(width, height), layout="constrained")
+    # The book's pages show a figure about 780 px wide: wider figures would be shrunk,
+    # and their 9-pt labels with them, so no figure is wider than PAGE_WIDTH inches.
+    fig = Figure(figsize=(min(width, PAGE_WIDTH), height), layout="constrained")
     axes = fig.subplots(nrows, ncols, squeeze=nrows * ncols == 1, **subplot_kw)
     return fig, axes
 
@@ -121,7 +126,7 @@ def plot_bias_matrix(
                             f"{v + 0.0:.2g}",
                             ha="center",
                             va="center",
-                            fontsize=7,
+                            fontsize=9,
                             color="white" if v < (vmin + vmax) / 2 else "black",
                         )
     axes[0].set_ylabel("query position i")
@@ -217,7 +222,7 @@ def plot_bias_by_offset(
         panel.set_ylabel("PE(i, j)")
     _, labels = axes[0].get_legend_handles_labels()
     if len(labels) > 1:
-        axes[0].legend(fontsize=7 if n == 1 else 6, ncol=2 if n == 1 else 1)
+        axes[0].legend(fontsize=9 if n == 1 else 8, ncol=2 if n == 1 else 1)
     if title and isinstance(bias, dict):
         fig.suptitle(title, fontsize=10)
     return fig
@@ -304,7 +309,7 @@ def plot_bias_gallery(
     n = len(biases)
     ncols = min(ncols, n)
     nrows = math.ceil(n / ncols)
-    fig, axes = figure(2.5 * ncols + 0.5, 2.5 * nrows + 0.3, nrows=nrows, ncols=ncols)
+    fig, axes = figure(1.9 * ncols + 0.4, 2.1 * nrows + 0.3, nrows=nrows, ncols=ncols)
     flat = [axes] if n == 1 else list(axes.flat)
     i = torch.arange(q_len)[:, None]
     j = torch.arange(q_len)[None, :]
@@ -314,9 +319,12 @@ def plot_bias_gallery(
             mat[j > i] = float("nan")
         image = ax.imshow(mat.numpy(), cmap="viridis")
         ax.set_title(name, fontsize=9)
-        ax.set_xticks([])
-        ax.set_yticks([])
-        fig.colorbar(image, ax=ax, shrink=0.75)
+        ax.set_xticks([0, q_len - 1])
+        ax.set_yticks([0, q_len - 1])
+        ax.tick_params(labelsize=9)
+        ax.set_xlabel("key j", fontsize=9, labelpad=-8)
+        ax.set_ylabel("query i", fontsize=9, labelpad=-8)
+        fig.colorbar(image, ax=ax, shrink=0.75).ax.tick_params(labelsize=9)
     for ax in flat[n:]:
         ax.axis("off")
     if title:
