@@ -539,7 +539,7 @@ def test_show_source_shows_the_real_source():
     [
         ("OffsetBias", "struct OffsetBias {", "};"),
         ("attend_block", "template <typename Bias>", "}"),
-        ("weights_and_grad", "inline void weights_and_grad(float* s, float* ds,", "}"),
+        ("exp_or_zero", "inline Vec exp_or_zero(const Vec& x) {", "}"),
     ],
 )
 def test_show_cpp_shows_one_whole_definition(name, first, last):
