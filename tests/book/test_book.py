@@ -785,3 +785,22 @@ def test_the_book_never_imports_pyplot():
         "assert 'matplotlib.pyplot' not in sys.modules\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=NOTEBOOK_IDS)
+def test_no_heading_inside_a_solution(path):
+    """A heading between solution-start and solution-end leaves sphinx-exercise's gated
+    nodes unresolved, and the HTML build stops on them."""
+    text = markdown(load(path))
+    for part in text.split("{solution-start}")[1:]:
+        inside = part.split("{solution-end}")[0]
+        headings = [line for line in inside.splitlines() if re.match(r"#{1,6} ", line)]
+        assert not headings, f"headings inside a solution: {headings}"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=NOTEBOOK_IDS)
+def test_numbered_equations_have_no_double_backslash(path):
+    r"""Sphinx wraps a display holding ``\\`` in ``split``, where MathJax refuses ``\tag``:
+    rows of a numbered display are separated with ``\cr``."""
+    for _, body in displayed_equations(markdown(load(path))):
+        assert not ("\\tag" in body and "\\\\" in body), body[:120]
