@@ -97,3 +97,34 @@ def _seed():
 @pytest.fixture(params=list(FAMILY_KWARGS))
 def family(request) -> str:
     return request.param
+
+
+# The lab's tests train a tiny TinyLM on a small slice of the corpus; each file takes this
+# shape and changes the steps and evaluation it needs.
+TINY_CONFIG_FIELDS = dict(
+    name="tiny",
+    dim=32,
+    depth=1,
+    heads=2,
+    train_len=16,
+    batch_size=8,
+    lr=1e-2,
+    eval_tokens=512,
+    eval_batch_size=4,
+    corpus_bytes=300_000,
+)
+
+
+def tiny_config(**overrides):
+    """The lab tests' tiny :class:`~relbias.lab.training.Config`, with ``overrides``."""
+    from relbias.lab.training import Config
+
+    return Config(**{**TINY_CONFIG_FIELDS, **overrides})
+
+
+@pytest.fixture(scope="session")
+def tiny_corpus():
+    """The corpus of :func:`tiny_config` (its first ``corpus_bytes``), read once."""
+    from relbias.lab.data import load_corpus
+
+    return load_corpus(max_bytes=TINY_CONFIG_FIELDS["corpus_bytes"])

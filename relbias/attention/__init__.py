@@ -9,11 +9,18 @@ on first use (``relbias.attention.fused`` works as an attribute too).
 import importlib
 
 from relbias.attention.api import BACKENDS, biased_attention, choose_backend
-from relbias.attention.prepared import FIREBias, OffsetTableBias, PreparedBias, prepare_bias
+from relbias.attention.prepared import (
+    FIREBias,
+    ForgettingBias,
+    OffsetTableBias,
+    PreparedBias,
+    prepare_bias,
+)
 
 __all__ = [
     "BACKENDS",
     "FIREBias",
+    "ForgettingBias",
     "OffsetTableBias",
     "PreparedBias",
     "biased_attention",

@@ -20,7 +20,7 @@ from relbias._checks import autocast_enabled, check_bool, check_lengths, needs_g
 from relbias.attention.flex import FLEX_DTYPES, flex_attention_with_bias
 from relbias.attention.prepared import PreparedBias, visible
 from relbias.attention.table import table_attention
-from relbias.biases.base import RelativeBias
+from relbias.biases.base import DataDependentBias, RelativeBias
 
 __all__ = [
     "BACKENDS",
@@ -87,6 +87,11 @@ def causal_mask(q_len: int, k_len: int, q_start: int, device=None) -> torch.Tens
 
 
 def _check_bias_type(bias) -> None:
+    if isinstance(bias, DataDependentBias):
+        raise TypeError(
+            f"bias {type(bias).__name__} is computed from the layer input: pass "
+            "bias.prepare(x) (a prepared bias, one per batch) as bias, not the module"
+        )
     if bias is not None and not isinstance(bias, (torch.Tensor, RelativeBias, PreparedBias)):
         raise TypeError(
             "bias must be None, a torch.Tensor, a relbias.RelativeBias or a "
@@ -202,7 +207,9 @@ def biased_attention(
     ``bias`` is a tensor broadcastable to ``[batch, heads, q_len, k_len]``, a
     :class:`~relbias.RelativeBias` (called with the lengths and ``q_start``), or a
     bias prepared once for this shape by :meth:`relbias.RelativeBias.prepare` (to share
-    it across layers).
+    it across layers). A bias computed from the layer input (the Forgetting Transformer's
+    :class:`~relbias.ForgettingGate`) is passed prepared, ``gate.prepare(x)``: one bias per
+    sequence (its batch must be ``q``'s), causal only.
     Queries sit at positions ``q_start ..`` (default: the last ``q_len`` of ``k_len``),
     and with ``causal=True`` query ``i`` sees keys ``j <= i``.
 
@@ -258,7 +265,7 @@ def _attend(q, k, v, bias, causal, return_weights, q_start, backend, return_back
     if isinstance(bias, RelativeBias):
         _check_module(bias, heads, causal)
     elif isinstance(bias, PreparedBias):
-        bias.check_shape(heads, q_len, k_len, q_start, causal)
+        bias.check_shape(heads, q_len, k_len, q_start, causal, batch=batch)
     elif isinstance(bias, torch.Tensor):
         _check_dense(bias, (batch, heads, q_len, k_len))
     if q_len == 0 or k_len == 0:

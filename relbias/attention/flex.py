@@ -2,7 +2,8 @@ r"""FlexAttention: the bias computed inside a compiled attention kernel.
 
 ``biased_attention(..., backend="flex")`` computes the bias with FlexAttention's
 ``score_mod``: an offset-only family looks its value up in the O(n) table, FIRE
-evaluates its MLP for each score (:meth:`~relbias.attention.prepared.PreparedBias.score_mod`).
+evaluates its MLP for each score, the forget gate reads its cumulative log gates by batch
+and head (:meth:`~relbias.attention.prepared.PreparedBias.score_mod`).
 Causal attention uses a block mask built from block coordinates
 (:func:`causal_block_mask`), so blocks above the diagonal are skipped. The kernel is
 compiled once per shape (:func:`compile_stats` counts compilations and their time); on
@@ -136,7 +137,7 @@ def flex_attention_with_bias(q, k, v, bias: PreparedBias | None, *, causal=True,
     batch, heads, q_len, _ = q.shape
     k_len = k.shape[2]
     if bias is not None:
-        bias.check_shape(heads, q_len, k_len, bias.q_start, causal)
+        bias.check_shape(heads, q_len, k_len, bias.q_start, causal, batch=batch)
         q_start = bias.q_start
     elif q_start is None:
         q_start = k_len - q_len

@@ -22,7 +22,13 @@ through them to the module's parameters:
   :math:`\psi(|i-j|)` read the same way and the MLP folded to its switching hidden
   units (:meth:`relbias.attention.prepared.FIREBias.folded_mlp`); its backward takes
   each score's gradient through the MLP (its weights, the :math:`\psi` table and the
-  per-row denominators).
+  per-row denominators);
+* the forget gate (:class:`relbias.ForgettingGate`) adds :math:`F_i - F_j` from the
+  cumulative log gates of each sequence and head, read as two float32 parts
+  (:class:`~relbias.attention.prepared.ForgettingBias`); :math:`F` does not increase, so
+  :math:`F_{i_0} - F_{c_1}` bounds a block of keys before its queries and strongly
+  forgetting heads skip far blocks; the backward adds each score's gradient to its query's
+  and subtracts it from its key's :math:`F`.
 
 Weights below :math:`2^{-64}` of their row's largest are set to zero rather than
 computed: they change no float32 result (``k_len * 2^-64`` of a row's sum is far below
@@ -304,7 +310,7 @@ DTYPES = (torch.float32, torch.bfloat16)
 def _why_not(q, k, v, bias) -> str | None:
     """None when the kernel can compute this attention, else why not."""
     if not isinstance(bias, PreparedBias) or bias.kernel_inputs(True) is None:
-        return "it needs a bias of an offset-only family or FIRE"
+        return "it needs a bias of an offset-only family, FIRE or the forget gate (ForgettingGate)"
     if any(t.device.type != "cpu" for t in (q, k, v)):
         return "it runs on the CPU only"
     if q.dtype not in DTYPES or k.dtype != q.dtype or v.dtype != q.dtype:
@@ -313,7 +319,8 @@ def _why_not(q, k, v, bias) -> str | None:
 
 
 def _op_arguments(tensors: tuple, highest: int) -> tuple:
-    """The bias's arguments of an op: its first tensor, the highest offset, the others."""
+    """The bias's arguments of an op: its first tensor, the highest offset (the forget
+    gate: the last query's position), the others."""
     return (tensors[0], highest, *tensors[1:])
 
 
@@ -339,6 +346,9 @@ class _FusedAttention(torch.autograd.Function):
             q, k, v, out, dout.contiguous(), lse, *_op_arguments(tuple(tensors), highest), *extra
         )
         dq, dk, dv, *bias_grads = grads
+        # an op returns the gradients of the first tensors (the forget gate: of lo, not of
+        # hi, which carries none)
+        bias_grads += [None] * (len(tensors) - len(bias_grads))
         return (None, None, None, None, dq, dk, dv, *bias_grads)
 
 
@@ -349,7 +359,7 @@ def _run(q, k, v, bias: PreparedBias, causal: bool):
         reason = f"it could not be built here ({unavailable_reason()})"
     if reason is not None:
         raise RuntimeError(f"backend='fused' cannot compute this attention: {reason}")
-    bias.check_shape(q.shape[1], q.shape[2], k.shape[2], bias.q_start, causal)
+    bias.check_shape(q.shape[1], q.shape[2], k.shape[2], bias.q_start, causal, batch=q.shape[0])
     family, tensors, highest = bias.kernel_inputs(causal)
     if needs_grad(q, k, v, *tensors):
         out = _FusedAttention.apply(family, highest, bias.q_start, causal, q, k, v, *tensors)

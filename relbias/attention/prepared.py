@@ -3,7 +3,9 @@ r"""Prepared biases: the O(n) ingredients of one attention shape, ready for any 
 :meth:`relbias.RelativeBias.prepare` turns a bias module into a :class:`PreparedBias`
 for one shape ``(q_len, k_len, q_start)``: an :class:`OffsetTableBias` (the table of
 the ``q_len + k_len - 1`` offsets the shape meets) for a family that depends on
-``i - j`` alone, a :class:`FIREBias` for FIRE. Pass it to
+``i - j`` alone, a :class:`FIREBias` for FIRE; the Forgetting Transformer's gate
+(:meth:`relbias.ForgettingGate.prepare`, from the layer input) gives a
+:class:`ForgettingBias`, one per sequence. Pass it to
 :func:`relbias.biased_attention` in place of the module to compute it once and share
 it across layers; it carries gradients to the module's parameters.
 
@@ -30,6 +32,7 @@ from relbias.biases.positions import relative_positions, take_columns
 
 __all__ = [
     "FIREBias",
+    "ForgettingBias",
     "FUSE_FIRE",
     "OffsetTableBias",
     "PreparedBias",
@@ -59,6 +62,9 @@ class PreparedBias:
     #: Whether the bias depends on the offset ``i - j`` alone (then :meth:`reversed_table`
     #: exists and a block of the table path is a view of it, no copy).
     offset_only = False
+    #: The batch size the bias was computed for (a data-dependent bias: one per sequence),
+    #: or None for a bias shared by every sequence of a batch.
+    batch = None
 
     def __init__(self, num_heads, q_len, k_len, q_start, bidirectional):
         self.num_heads = num_heads
@@ -89,7 +95,8 @@ class PreparedBias:
     def flipped_rows(self, start: int, stop: int, k_stop: int, causal: bool, dtype):
         """The bias of query rows ``stop-1, ..., start`` (reversed) and keys ``0 .. k_stop-1``.
 
-        Returned as ``[1, heads, stop - start, k_stop]`` in ``dtype``, with ``-inf``
+        Returned as ``[1, heads, stop - start, k_stop]`` (``[batch, ...]`` for a
+        data-dependent bias) in ``dtype``, with ``-inf``
         for future keys when ``causal``: the mask of one block of
         :func:`relbias.attention.table.table_attention`.
         """
@@ -104,7 +111,8 @@ class PreparedBias:
 
         The fused backend calls ``torch.ops.relbias_fused.<family>_forward(q, k, v,
         tensors[0], highest, *tensors[1:], q_start, causal, q_block, kv_block)`` and the
-        matching ``_backward``, which returns a gradient for each of ``tensors``. The
+        matching ``_backward``, which returns a gradient for each of ``tensors`` (or for the
+        first few: the others carry none, as the forget gate's ``hi``). The
         tensors keep their autograd history (when grad mode is on), so those gradients
         reach the module's parameters. Computed once per ``causal`` and grad mode, and
         kept. None: no fused kernel for this bias.
@@ -132,7 +140,8 @@ class PreparedBias:
         return self
 
     def materialize(self) -> torch.Tensor:
-        """The dense bias ``[heads, q_len, k_len]``, computed on first use and kept.
+        """The dense bias ``[heads, q_len, k_len]`` (``[batch, heads, q_len, k_len]`` for a
+        data-dependent bias), computed on first use and kept.
 
         Equal to what the family's ``forward`` returns for the same shape (in float32,
         or float64, whatever autocast the caller runs under).
@@ -144,7 +153,13 @@ class PreparedBias:
                 self._dense = self._dense_bias()
         return self._dense
 
-    def check_shape(self, heads: int, q_len: int, k_len: int, q_start: int, causal: bool):
+    def check_shape(
+        self, heads: int, q_len: int, k_len: int, q_start: int, causal: bool, batch=None
+    ):
+        if batch is not None and self.batch is not None and batch != self.batch:
+            raise ValueError(
+                f"bias was prepared for batch={self.batch} sequences but q has batch {batch}"
+            )
         if heads != self.num_heads:
             raise ValueError(f"bias has num_heads={self.num_heads} but q has {heads} heads")
         if (q_len, k_len, q_start) != (self.q_len, self.k_len, self.q_start):
@@ -446,6 +461,140 @@ def _fused_fire_block():
     if not _FUSED_FIRE:
         _FUSED_FIRE.append(torch.compile(_fire_block, dynamic=True))
     return _FUSED_FIRE[0]
+
+
+class ForgettingBias(PreparedBias):
+    r"""The Forgetting Transformer's bias for one batch: :math:`\mathrm{PE}(i,j) = F_i - F_j`.
+
+    ``cumulative`` is :math:`F` (float64, ``[batch, heads, k_len]``): the cumulative sum of
+    the log forget gates at every key position (:meth:`relbias.ForgettingGate.prepare`
+    builds it). The queries are the key positions ``q_start .. q_start + q_len - 1`` (so
+    ``q_start + q_len <= k_len``), and their :math:`F_i` are the keys' :math:`F` there.
+    Causal only.
+
+    Every backend reads :math:`F` as two tensors of the compute dtype (:meth:`parts`):
+    ``hi``, :math:`F` rounded to float32 (no gradient), and ``lo = F - hi`` (carrying the
+    whole gradient), and computes :math:`(hi_i - hi_j) + (lo_i - lo_j)`, so that no float64
+    ``[q_len, k_len]`` tensor is formed and the bias keeps float32's precision of the true
+    difference even where :math:`F` is large (:class:`relbias.ForgettingGate`). ``dtype`` is
+    the compute dtype: float32, or float64 (for gradcheck: both parts in float64, ``lo``
+    exact, so the bias is float64's).
+    """
+
+    #: FlexAttention's backward of this ``score_mod`` has not been run: PyTorch has no CPU
+    #: backward for FlexAttention and it was not measured on a GPU (untested, so refused).
+    score_mod_trainable = False
+
+    def __init__(self, cumulative, q_len=None, *, q_start=None, dtype=torch.float32):
+        if not isinstance(cumulative, torch.Tensor) or cumulative.dtype != torch.float64:
+            raise TypeError(
+                "cumulative must be a float64 tensor [batch, heads, k_len] (F, the cumulative "
+                "sum of the log forget gates)"
+            )
+        if cumulative.dim() != 3:
+            raise ValueError(
+                f"cumulative must have shape [batch, heads, k_len], got {tuple(cumulative.shape)}"
+            )
+        if dtype not in (torch.float32, torch.float64):
+            raise TypeError(f"dtype must be torch.float32 or torch.float64, got {dtype}")
+        k_len = cumulative.shape[-1]
+        q_len, k_len, q_start = check_lengths(k_len if q_len is None else q_len, k_len, q_start)
+        if q_start + q_len > k_len:
+            raise ValueError(
+                f"the queries must be key positions: q_start + q_len ({q_start} + {q_len}) "
+                f"must be <= k_len ({k_len})"
+            )
+        self._init(cumulative, q_len, k_len, q_start, dtype)
+
+    @classmethod
+    def _unchecked(cls, cumulative, q_len: int, k_len: int, q_start: int, dtype):
+        """For :meth:`relbias.ForgettingGate.prepare`, whose arguments are checked already."""
+        prepared = cls.__new__(cls)
+        prepared._init(cumulative, q_len, k_len, q_start, dtype)
+        return prepared
+
+    def _init(self, cumulative, q_len, k_len, q_start, dtype):
+        super().__init__(cumulative.shape[1], q_len, k_len, q_start, False)
+        self.cumulative = cumulative
+        self.batch = cumulative.shape[0]
+        self.dtype = dtype
+        self._parts = {}
+
+    def _tensors(self):
+        return (self.cumulative,)
+
+    def check_shape(self, heads, q_len, k_len, q_start, causal, batch=None):
+        if not causal:
+            raise ValueError(
+                "ForgettingBias (the Forgetting Transformer's forget gate) is causal only: "
+                "causal=False is not supported"
+            )
+        super().check_shape(heads, q_len, k_len, q_start, causal, batch)
+
+    def parts(self, dtype=None) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(hi, lo)``, each ``[batch, heads, k_len]`` in ``dtype`` (default: the compute
+        dtype): ``hi`` is :math:`F` rounded to float32 (no gradient), ``lo = F - hi`` carries
+        the gradient. Contiguous; computed once per dtype and grad mode, and kept."""
+        dtype = self.dtype if dtype is None else dtype
+        key = (dtype, torch.is_grad_enabled())
+        if key not in self._parts:
+            F_all = self.cumulative
+            hi = F_all.detach().to(torch.float32).to(dtype)
+            lo = (F_all - hi.to(F_all.dtype)).to(dtype)
+            self._parts[key] = (hi.contiguous(), lo.contiguous())
+        return self._parts[key]
+
+    def _block(self, rows: torch.Tensor, k_stop: int, dtype) -> torch.Tensor:
+        """PE for query rows ``rows`` (indices into the queries) and keys ``0 .. k_stop - 1``:
+        ``[batch, heads, len(rows), k_stop]``, without the mask."""
+        hi, lo = self.parts(dtype)
+        positions = rows + self.q_start
+        hi_q, lo_q = hi[:, :, positions, None], lo[:, :, positions, None]
+        return (hi_q - hi[:, :, None, :k_stop]) + (lo_q - lo[:, :, None, :k_stop])
+
+    def _dense_bias(self):
+        rows = torch.arange(self.q_len, device=self.cumulative.device)
+        return self._block(rows, self.k_len, self.dtype)
+
+    @property
+    def score_mod_key(self):
+        return ("forgetting",)
+
+    def score_mod(self):
+        hi, lo = self.parts(torch.float32)
+        rows = slice(self.q_start, self.q_start + self.q_len)
+        hi_q, lo_q = hi[:, :, rows].contiguous(), lo[:, :, rows].contiguous()
+
+        def forgetting_score_mod(score, b, h, q_idx, kv_idx):
+            return score + (
+                (hi_q[b, h, q_idx] - hi[b, h, kv_idx]) + (lo_q[b, h, q_idx] - lo[b, h, kv_idx])
+            )
+
+        return forgetting_score_mod
+
+    def flipped_rows(self, start, stop, k_stop, causal, dtype):
+        device = self.cumulative.device
+        rows = torch.arange(stop - 1, start - 1, -1, device=device)
+        bias = self._block(rows, k_stop, self.dtype)
+        if causal:
+            keys = torch.arange(k_stop, device=device)
+            bias = bias.masked_fill(~visible(rows[:, None] + self.q_start, keys), float("-inf"))
+        return bias.to(dtype)
+
+    def kernel_inputs(self, causal):
+        # the kernel reads hi and lo per (batch, head) and returns the gradient of lo only
+        key = ("forgetting", torch.is_grad_enabled())
+        if key not in self._kernel_inputs:
+            hi, lo = self.parts(torch.float32)
+            highest = self.q_start + self.q_len - 1  # the last query's position
+            self._kernel_inputs[key] = ("forgetting", (lo, hi), highest)
+        return self._kernel_inputs[key]
+
+    def __repr__(self) -> str:
+        return (
+            f"ForgettingBias(batch={self.batch}, num_heads={self.num_heads}, q_len={self.q_len}, "
+            f"k_len={self.k_len}, q_start={self.q_start})"
+        )
 
 
 def prepare_bias(bias, q_len, k_len=None, *, q_start=None) -> PreparedBias:

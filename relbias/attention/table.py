@@ -76,7 +76,7 @@ def table_attention(q, k, v, bias: PreparedBias, *, causal=True, block_rows=None
     """
     batch, heads, q_len, _ = q.shape
     k_len = k.shape[2]
-    bias.check_shape(heads, q_len, k_len, bias.q_start, causal)
+    bias.check_shape(heads, q_len, k_len, bias.q_start, causal, batch=batch)
     out, tiled = None, 0
     if block_rows is None and _tiles_apply(q, k, v, bias, causal):
         out = q.new_empty(batch, heads, q_len, v.shape[-1])
@@ -116,7 +116,10 @@ def table_attention(q, k, v, bias: PreparedBias, *, causal=True, block_rows=None
 def default_block_rows(bias: PreparedBias, causal: bool = True) -> int:
     """The rows per block that :func:`table_attention` takes when it uses blocks."""
     if not bias.offset_only:  # a block's bias is computed (not a view): bound its memory
-        return max(16, FIRE_BLOCK_ENTRIES // max(1, bias.num_heads * bias.k_len))
+        per_row = (
+            (bias.batch or 1) * bias.num_heads * bias.k_len
+        )  # a data-dependent bias: per sequence
+        return max(16, FIRE_BLOCK_ENTRIES // max(1, per_row))
     if bias.device.type != "cpu":  # the kernel copies each block's mask: bound the copy
         return max(16, DEVICE_BLOCK_ENTRIES // max(1, bias.num_heads * bias.k_len))
     if not causal:

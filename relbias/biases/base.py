@@ -147,3 +147,23 @@ class RelativeBias(nn.Module):
 
     def extra_repr(self) -> str:
         return f"num_heads={self.num_heads}, bidirectional={self.bidirectional}"
+
+
+class DataDependentBias(nn.Module):
+    """Base class of a bias computed from the layer's input ``x``, not from positions alone.
+
+    Such a bias cannot be called with lengths: :meth:`prepare` takes ``x``
+    (``[batch, len, dim]``) and returns a prepared bias, which is passed as ``bias`` to
+    :func:`relbias.biased_attention`. Its values differ per sequence, so the prepared bias
+    has a batch dimension. Causal only (``bidirectional`` is False).
+    """
+
+    bidirectional = False
+    offset_only = False
+
+    def __init__(self, num_heads):
+        super().__init__()
+        self.num_heads = check_int("num_heads", num_heads, minimum=1)
+
+    def prepare(self, x, *, past=None):
+        raise NotImplementedError

@@ -291,6 +291,43 @@ def _sweep_identity(kind: str, config: Config, names, seeds, **extra) -> dict:
     }
 
 
+def _seed_sweep(
+    kind,
+    train_one,
+    summarize,
+    config,
+    methods,
+    seeds,
+    *,
+    device,
+    verbose,
+    identity_extra,
+    checkpoint,
+):
+    """Both experiments' multi-seed (or checkpointed) sweep: every method for every seed.
+
+    ``train_one(method, config, device, train_kwargs) -> (model, record)`` trains one run;
+    ``summarize({seed: record})`` makes a method's summary over seeds. Returns ``(device,
+    records, seed_list, wall_s)``: with ``seeds`` the summaries and the seed list, without
+    them (a checkpointed single-seed run) each method's record and None.
+    """
+    names = resolve_methods(methods or ["all"])
+    multi = seeds is not None
+    seed_list = _check_seeds(seeds) if multi else [config.seed]
+    device = device or pick_device(verbose=verbose)
+    start = time.perf_counter()
+
+    def run_one(method, seed, train_kwargs):
+        return train_one(method, config.replace(seed=seed), device, train_kwargs)[1]
+
+    identity = _sweep_identity(kind, config, names, seed_list, **identity_extra)
+    per = run_seeds(run_one, names, seed_list, identity=identity, verbose=verbose, **checkpoint)
+    wall_s = time.perf_counter() - start
+    if multi:
+        return device, {m: summarize(per[m]) for m in names}, seed_list, wall_s
+    return device, {m: per[m][config.seed] for m in names}, None, wall_s
+
+
 def run_extrapolation(
     config: Config | None = None,
     methods=None,
@@ -315,9 +352,15 @@ def run_extrapolation(
     every seed's record under ``"seeds"``). ``checkpoint_dir`` and ``resume``: see
     :func:`run_seeds`.
     """
+    checkpoint = {
+        "checkpoint_dir": checkpoint_dir,
+        "resume": resume,
+        "checkpoint_seconds": checkpoint_seconds,
+        "checkpoint_every": checkpoint_every,
+    }
     config = config or get_config()
     corpus = load_corpus(max_bytes=config.corpus_bytes)
-    if seeds is None and checkpoint_dir is None:
+    if seeds is None and checkpoint_dir is None:  # the single-seed quick format
 
         def one(method, device):
             return train_and_evaluate(
@@ -332,41 +375,32 @@ def run_extrapolation(
             "provenance": provenance(config, device, wall_s=wall_s),
         }
     else:
-        names = resolve_methods(methods or ["all"])
-        multi = seeds is not None
-        seed_list = _check_seeds(seeds) if multi else [config.seed]
-        device = device or pick_device(verbose=verbose)
-        start = time.perf_counter()
 
-        def run_one(method, seed, train_kwargs):
+        def train_one(method, cfg, device, train_kwargs):
             return train_and_evaluate(
                 method,
-                config.replace(seed=seed),
+                cfg,
                 corpus=corpus,
                 device=device,
                 progress=progress,
                 factors=factors,
                 train_kwargs=train_kwargs,
-            )[1]
+            )
 
-        per = run_seeds(
-            run_one,
-            names,
-            seed_list,
-            identity=_sweep_identity("extrapolation", config, names, seed_list, factors=factors),
-            checkpoint_dir=checkpoint_dir,
-            resume=resume,
-            checkpoint_seconds=checkpoint_seconds,
-            checkpoint_every=checkpoint_every,
+        device, records, seed_list, wall_s = _seed_sweep(
+            "extrapolation",
+            train_one,
+            summarize_extrapolation,
+            config,
+            methods,
+            seeds,
+            device=device,
             verbose=verbose,
+            identity_extra={"factors": factors},
+            checkpoint=checkpoint,
         )
-        wall_s = time.perf_counter() - start
-        if multi:
-            records = {m: summarize_extrapolation(per[m]) for m in names}
-        else:
-            records = {m: per[m][config.seed] for m in names}
         results = {"kind": "extrapolation", "methods": records}
-        if multi:
+        if seed_list is not None:
             results["seeds"] = seed_list
             results["interval"] = INTERVAL_NOTE
         results["corpus"] = corpus.describe()
@@ -478,8 +512,14 @@ def run_retrieval(
     ``seeds``, ``checkpoint_dir``, ``resume``: as in :func:`run_extrapolation` (with
     seeds, each method's record is :func:`summarize_retrieval`'s).
     """
+    checkpoint = {
+        "checkpoint_dir": checkpoint_dir,
+        "resume": resume,
+        "checkpoint_seconds": checkpoint_seconds,
+        "checkpoint_every": checkpoint_every,
+    }
     config = config or get_config()
-    if seeds is None and checkpoint_dir is None:
+    if seeds is None and checkpoint_dir is None:  # the single-seed quick format
 
         def one(method, device):
             return train_and_probe(
@@ -494,41 +534,30 @@ def run_retrieval(
         device, records, wall_s = _sweep(one, methods, device, verbose)
         seed_list = None
     else:
-        names = resolve_methods(methods or ["all"])
-        seed_list = _check_seeds(seeds) if seeds is not None else [config.seed]
-        device = device or pick_device(verbose=verbose)
-        start = time.perf_counter()
 
-        def run_one(method, seed, train_kwargs):
+        def train_one(method, cfg, device, train_kwargs):
             return train_and_probe(
                 method,
-                config.replace(seed=seed),
+                cfg,
                 device=device,
                 progress=progress,
                 factors=factors,
                 distances=distances,
                 train_kwargs=train_kwargs,
-            )[1]
+            )
 
-        per = run_seeds(
-            run_one,
-            names,
-            seed_list,
-            identity=_sweep_identity(
-                "retrieval", config, names, seed_list, factors=factors, distances=distances
-            ),
-            checkpoint_dir=checkpoint_dir,
-            resume=resume,
-            checkpoint_seconds=checkpoint_seconds,
-            checkpoint_every=checkpoint_every,
+        device, records, seed_list, wall_s = _seed_sweep(
+            "retrieval",
+            train_one,
+            summarize_retrieval,
+            config,
+            methods,
+            seeds,
+            device=device,
             verbose=verbose,
+            identity_extra={"factors": factors, "distances": distances},
+            checkpoint=checkpoint,
         )
-        wall_s = time.perf_counter() - start
-        if seeds is not None:
-            records = {m: summarize_retrieval(per[m]) for m in names}
-        else:
-            records = {m: per[m][config.seed] for m in names}
-            seed_list = None
     results = {
         "kind": "retrieval",
         "methods": records,

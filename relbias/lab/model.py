@@ -15,6 +15,14 @@ scores in every layer) or one of the baselines readers compare against:
     rotary position embedding (Su et al., 2021) applied to queries and keys
     (:class:`relbias.RotaryEmbedding`; ``rope_scaling`` interpolates positions).
 
+and, after the book, a bias computed from the tokens:
+
+``forgetting``
+    the Forgetting Transformer's forget gate (Lin et al., 2025;
+    :class:`relbias.ForgettingGate`): no positional embedding; every layer has its own
+    gate, read from the layer's normalised input (the input of its attention, as in the
+    reference code), and adds the sum of log f_t over j < t <= i to the scores.
+
 Scales: token embeddings, the learned absolute table and all linear weights start with
 std 0.02 (GPT-2's initialisation); input and output embeddings are tied. The sinusoid
 (RMS 0.707 per dimension) would drown such token embeddings, so it is multiplied by a
@@ -52,12 +60,14 @@ from relbias._checks import check_positive_ints
 from relbias.attention.api import BACKENDS, biased_attention
 from relbias.attention.prepared import prepare_bias
 from relbias.biases.registry import BIAS_NAMES as _BIAS_NAMES
-from relbias.biases.registry import make_bias
+from relbias.biases.registry import DATA_DEPENDENT_NAMES, make_bias
 from relbias.rotary import RopeScaling, RotaryEmbedding
 
 BIAS_POSITIONS = tuple(_BIAS_NAMES)
 BASELINE_POSITIONS = ("nope", "sinusoidal", "learned", "rope")
-POSITION_NAMES = BIAS_POSITIONS + BASELINE_POSITIONS
+#: Biases computed from each layer's input (the forget gate): one module per layer.
+GATED_POSITIONS = tuple(DATA_DEPENDENT_NAMES)
+POSITION_NAMES = BIAS_POSITIONS + BASELINE_POSITIONS + GATED_POSITIONS
 LEARNED_FALLBACKS = ("error", "clip")
 SIN_SCALE = 0.02 * math.sqrt(2.0)  # the sinusoid times this has RMS 0.02 per dimension
 
@@ -167,7 +177,9 @@ class Attention(nn.Module):
 class Block(nn.Module):
     """A pre-norm transformer block: ``x + Att(LN(x))`` then ``x + MLP(LN(x))``."""
 
-    def __init__(self, dim: int, heads: int, *, mlp_ratio: int = 4, rotary=None, bias=None):
+    def __init__(
+        self, dim: int, heads: int, *, mlp_ratio: int = 4, rotary=None, bias=None, gate=None
+    ):
         super().__init__()
         self.norm1 = nn.LayerNorm(dim)
         self.attn = Attention(dim, heads, rotary)
@@ -176,13 +188,17 @@ class Block(nn.Module):
             nn.Linear(dim, mlp_ratio * dim), nn.GELU(), nn.Linear(mlp_ratio * dim, dim)
         )
         self.bias = bias
+        self.gate = gate
 
     def forward(
         self, x: torch.Tensor, bias=None, backend: str = "auto", query_shift: int = 0
     ) -> torch.Tensor:
+        h = self.norm1(x)
         if self.bias is not None:
             bias = layer_bias(self.bias, x.shape[1], query_shift)
-        x = x + self.attn(self.norm1(x), bias, backend)
+        elif self.gate is not None:
+            bias = self.gate.prepare(h)  # the forget gate reads the attention's input
+        x = x + self.attn(h, bias, backend)
         return x + self.mlp(self.norm2(x))
 
 
@@ -216,6 +232,7 @@ class TinyLM(nn.Module):
         defaults of :func:`default_bias_kwargs`.
     share_bias:
         True (default, like T5): one bias module for all layers; False: one per layer.
+        (The forget gate is always one per layer: it reads each layer's input.)
     bias_kwargs:
         overrides of :func:`default_bias_kwargs`, passed to ``make_bias``.
     learned_fallback:
@@ -283,6 +300,7 @@ class TinyLM(nn.Module):
         self.rotary = rotary
         self.bias = self._new_bias() if self.uses_bias and share_bias else None
         per_layer = self.uses_bias and not share_bias
+        gated = position in GATED_POSITIONS
         self.blocks = nn.ModuleList(
             Block(
                 dim,
@@ -290,6 +308,7 @@ class TinyLM(nn.Module):
                 mlp_ratio=mlp_ratio,
                 rotary=rotary,
                 bias=self._new_bias() if per_layer else None,
+                gate=make_bias(position, heads, dim=dim, **self.bias_kwargs) if gated else None,
             )
             for _ in range(depth)
         )
@@ -350,6 +369,10 @@ class TinyLM(nn.Module):
         if self.abs_pos is not None:
             self.abs_pos.fallback = _check_fallback(value)
 
+    def gates(self) -> list:
+        """The forget gates, one per layer (``position="forgetting"``), else empty."""
+        return [blk.gate for blk in self.blocks if blk.gate is not None]
+
     def bias_modules(self) -> list:
         """The bias modules: one when shared, one per layer otherwise, none for baselines."""
         if self.bias is not None:
@@ -361,8 +384,8 @@ class TinyLM(nn.Module):
 
     def _init_weights(self) -> None:
         for name, p in self.named_parameters():
-            if name.startswith("bias") or ".bias." in name:
-                continue  # the bias families initialise themselves
+            if name.startswith("bias") or ".bias." in name or ".gate." in name:
+                continue  # the bias families and gates initialise themselves
             if p.dim() == 2 and not name.startswith("abs_pos"):
                 nn.init.normal_(p, std=0.02)
 

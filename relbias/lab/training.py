@@ -854,6 +854,19 @@ def save_results(results: dict, path) -> Path:
     return write_json(results, path)
 
 
+def made_with(results: dict, config: Config) -> bool:
+    """Whether a stored result was made with ``config``: every field equal, where a field
+    the file does not record (added to :class:`Config` later) counts at its default."""
+    stored = results["provenance"]["config"]
+    for field in dataclasses.fields(Config):
+        value = stored.get(field.name, field.default)
+        if isinstance(value, list):
+            value = tuple(value)
+        if value != getattr(config, field.name):
+            return False
+    return True
+
+
 def load_results(path_or_name) -> dict:
     """Read a result file: a path, or the name of one stored in ``relbias/lab/results``.
 

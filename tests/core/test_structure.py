@@ -73,6 +73,27 @@ def test_kernel_inputs_are_public_and_kept():
     assert PreparedBias(1, 2, 2, 0, True).kernel_inputs(True) is None
 
 
+def test_the_forget_gate_is_prepared_from_the_input():
+    """A data-dependent family: prepared from x (one bias per sequence), read by the
+    backends through the same public methods; the module itself is no bias."""
+    gate = relbias.ForgettingGate(HEADS, 8)
+    x = torch.randn(2, 10, 8)
+    bias = gate.prepare(x)
+    assert isinstance(bias, prepared.ForgettingBias) and isinstance(bias, PreparedBias)
+    assert bias.batch == 2 and not bias.offset_only and not bias.bidirectional
+    family, tensors, highest = bias.kernel_inputs(True)
+    assert family == "forgetting" and highest == bias.q_start + bias.q_len - 1
+    assert bias.kernel_inputs(True)[1][0] is tensors[0]
+    lo, hi = tensors  # lo carries the gradient back to the gate, hi none
+    assert lo.requires_grad and not hi.requires_grad
+    assert lo.shape == hi.shape == (2, HEADS, 10) and lo.dtype == hi.dtype == torch.float32
+    q, k, v = qkv(10, 10)
+    assert choose_backend(q, k, v, bias) == "fused"
+    with pytest.raises(TypeError, match="computed from the layer input"):
+        choose_backend(q, k, v, gate)
+    assert "forgetting" not in relbias.BIAS_NAMES  # the position families' list
+
+
 BACKEND_MODULES = [api, table, flex, fused]
 
 

@@ -8,6 +8,7 @@ import math
 import matplotlib
 import pytest
 import torch
+from conftest import tiny_config
 
 from relbias.lab.ablations import (
     fire_variants,
@@ -18,26 +19,11 @@ from relbias.lab.ablations import (
 )
 from relbias.lab.experiments import main
 from relbias.lab.model import TinyLM, layer_bias
-from relbias.lab.training import Config
 from relbias.lab.training import train_lm as real_train_lm
 
 matplotlib.use("Agg")
 
-TINY = Config(
-    name="tiny",
-    dim=32,
-    depth=1,
-    heads=2,
-    train_len=16,
-    batch_size=8,
-    steps=6,
-    lr=1e-2,
-    warmup=2,
-    eval_factors=(1, 4),
-    eval_tokens=512,
-    eval_batch_size=4,
-    corpus_bytes=300_000,
-)
+TINY = tiny_config(steps=6, warmup=2, eval_factors=(1, 4))
 
 
 def test_t5_variants_cover_quarter_to_twice_the_training_length():

@@ -10,6 +10,7 @@ import time
 
 import pytest
 import torch
+from conftest import tiny_config
 
 from relbias.lab.checkpoint import (
     SweepProgress,
@@ -17,31 +18,15 @@ from relbias.lab.checkpoint import (
     atomic_torch_save,
     load_checkpoint,
 )
-from relbias.lab.data import load_corpus
 from relbias.lab.experiments import run_extrapolation, run_seeds
 from relbias.lab.training import Config, build_model, seed_everything, train_lm
 
-TINY = Config(
-    name="tiny",
-    dim=32,
-    depth=1,
-    heads=2,
-    train_len=16,
-    batch_size=8,
-    steps=20,
-    lr=1e-2,
-    warmup=3,
-    eval_tokens=512,
-    eval_batch_size=4,
-    corpus_bytes=300_000,
-    val_every=4,
-    val_tokens=256,
-)
+TINY = tiny_config(steps=20, warmup=3, val_every=4, val_tokens=256)
 
 
 @pytest.fixture(scope="module")
-def corpus():
-    return load_corpus(max_bytes=TINY.corpus_bytes)
+def corpus(tiny_corpus):
+    return tiny_corpus
 
 
 def _model(method):

@@ -25,7 +25,13 @@ def test_position_names_cover_biases_and_baselines():
         "kerple_log",
         "fire",
     }
-    assert set(POSITION_NAMES) - set(BIAS_POSITIONS) == {"nope", "sinusoidal", "learned", "rope"}
+    assert set(POSITION_NAMES) - set(BIAS_POSITIONS) == {
+        "nope",
+        "sinusoidal",
+        "learned",
+        "rope",
+        "forgetting",
+    }
 
 
 @pytest.mark.parametrize("position", POSITION_NAMES)
@@ -55,7 +61,9 @@ def test_learned_positions_error_beyond_train_len_and_clip_fallback():
         TinyLM(position="learned", learned_fallback="wrap", **TINY)
 
 
-@pytest.mark.parametrize("position", ["sinusoidal", "rope", "nope", "alibi", "fire", "t5"])
+@pytest.mark.parametrize(
+    "position", ["sinusoidal", "rope", "nope", "alibi", "fire", "t5", "forgetting"]
+)
 def test_other_positions_run_beyond_train_len(position):
     model = TinyLM(position=position, **TINY)
     assert torch.isfinite(model(torch.randint(0, 256, (1, 40)))).all()
@@ -196,3 +204,35 @@ def test_attention_backend_is_checked():
     model = TinyLM(position="alibi", **TINY)
     with pytest.raises(ValueError, match="attention_backend must be one of"):
         model.attention_backend = "gpu"
+
+
+def test_forgetting_has_a_gate_per_layer_and_no_positional_embedding():
+    torch.manual_seed(0)
+    model = TinyLM(position="forgetting", **TINY)
+    gates = model.gates()
+    assert len(gates) == TINY["depth"] and gates[0] is not gates[1]
+    assert model.bias_modules() == [] and model.abs_pos is None and model.rotary is None
+    assert all(torch.all(g.proj.bias == 0) for g in gates)  # the reference code's start
+    x = torch.randint(0, 256, (2, 8))
+    model(x).logsumexp(-1).sum().backward()
+    assert all(g.proj.weight.grad.abs().sum() > 0 for g in gates)
+
+
+def test_forgetting_layer_equals_its_written_out_attention():
+    """The block's attention is softmax(q k^T / sqrt(d) + F_i - F_j + mask) v, with F the
+    cumulative log forget gate of the layer's normalised input, on every CPU backend."""
+    torch.manual_seed(1)
+    model = TinyLM(position="forgetting", **TINY).eval()
+    block = model.blocks[0]
+    x = torch.randn(2, 8, TINY["dim"])
+    h = block.norm1(x)
+    log_f = torch.nn.functional.logsigmoid(block.gate.proj(h)).transpose(1, 2).double()
+    F = log_f.cumsum(-1)
+    pe = (F[..., :, None] - F[..., None, :]).float()
+    q, k, v = block.attn.qkv(h).view(2, 8, 3, 2, 8).permute(2, 0, 3, 1, 4)
+    mask = torch.ones(8, 8, dtype=torch.bool).tril()
+    scores = (q @ k.transpose(-1, -2) / 8**0.5 + pe).masked_fill(~mask, float("-inf"))
+    expected = block.attn.proj((scores.softmax(-1) @ v).transpose(1, 2).reshape(2, 8, 16))
+    for backend in ("materialize", "table", "fused", "auto"):
+        got = block.attn(h, block.gate.prepare(h), backend)
+        torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)

@@ -6,11 +6,10 @@ import math
 import matplotlib
 import pytest
 import torch
+from conftest import tiny_config
 
-from relbias.lab.data import load_corpus
 from relbias.lab.model import BIAS_POSITIONS, POSITION_NAMES, TinyLM, lm_loss
 from relbias.lab.training import (
-    Config,
     autocast_dtype,
     build_model,
     evaluate_lengths,
@@ -31,28 +30,14 @@ from relbias.lab.training import (
 
 matplotlib.use("Agg")
 
-TINY = Config(
-    name="tiny",
-    dim=32,
-    depth=1,
-    heads=2,
-    train_len=16,
-    batch_size=8,
-    steps=40,
-    lr=1e-2,
-    warmup=5,
-    eval_tokens=1024,
-    eval_batch_size=4,
-    corpus_bytes=300_000,
-    probe_steps=5,
-    probe_batch_size=8,
-    probe_eval_samples=10,
+TINY = tiny_config(
+    steps=40, warmup=5, eval_tokens=1024, probe_steps=5, probe_batch_size=8, probe_eval_samples=10
 )
 
 
 @pytest.fixture(scope="module")
-def corpus():
-    return load_corpus(max_bytes=TINY.corpus_bytes)
+def corpus(tiny_corpus):
+    return tiny_corpus
 
 
 def test_quick_config_on_every_device_full_on_request(monkeypatch):
@@ -339,3 +324,15 @@ def test_plot_shows_interval_bands(tmp_path):
         3,
     ]
     assert len(curved["methods"]["alibi"]["train"]["val_levelled"]) == 2
+
+
+def test_made_with_tells_which_config_a_stored_result_came_from():
+    from relbias.lab.training import get_config, load_results, made_with
+
+    stored = load_results("quick_extrapolation")  # written before later Config fields existed
+    assert made_with(stored, get_config("quick"))
+    assert not made_with(stored, get_config("quick").replace(steps=999))
+    assert not made_with(stored, get_config("medium"))
+    newer = {"provenance": {"config": get_config("medium").to_dict()}}
+    assert made_with(newer, get_config("medium"))
+    assert not made_with(newer, get_config("medium").replace(val_every=7))

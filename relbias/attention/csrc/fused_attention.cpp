@@ -9,7 +9,10 @@
 //     contiguous run of rtable: PE(i, j) = rtable[h, hi - i + j];
 //   FireBias: FIRE's f(psi(|i - j|) / psi(max(L, i))), with psi(|i - j|) read the same way
 //     from a reversed table shared by the heads and f the MLP with its non-switching hidden
-//     units folded into slope * x + intercept.
+//     units folded into slope * x + intercept;
+//   ForgettingBias: the Forgetting Transformer's PE(i, j) = F_i - F_j, F the cumulative sum of
+//     the log forget gates of one sequence and head, read as two float32 parts hi + lo of the
+//     float64 F, PE = (hi_i - hi_j) + (lo_i - lo_j) (hi_i - hi_j is exact where it matters).
 // The forward also returns each row's log-sum-exp, which is all the backward keeps of it.
 //
 // Small weights are dropped, exactly: a weight below 2^-64 of its row's largest adds less
@@ -25,7 +28,8 @@
 // dP^T = V dO^T, dS^T = P^T (dP^T - rowsum(dO o O)), dV += P^T dO, dK += dS^T Q / sqrt(d),
 // dQ^T += K^T dS^T. A column of dS^T is one key against consecutive queries, i.e.
 // consecutive offsets: the bias's gradient is reduced per offset with vector adds
-// (OffsetBias), or through FIRE's MLP per score (FireBias).
+// (OffsetBias), through FIRE's MLP per score (FireBias), or per key and per query
+// (ForgettingBias: dF_j -= sum_r dS^T[r], dF_i += dS^T[r]).
 // Matrix products go through oneDNN's batch-reduce GEMM (at::native::cpublas::brgemm).
 // Every op takes float32 or bfloat16 q, k, v (bfloat16 is read into float32: the arithmetic
 // is float32's). The forward returns its output in float32 (the caller rounds it to q's
@@ -125,8 +129,9 @@ inline float exp_sum(float* s, int64_t n, float m) {
 // Each bias adds PE to a run of scores in the forward's layout (one query, consecutive keys:
 // add_row, which also returns the run's largest score) and in the backward's (one key,
 // consecutive queries: add_col), bounds PE over a
-// range of offsets from above (bound), and accumulates its gradient from a run of dS^T
-// (grad_col) into a per-thread Grad.
+// block of queries and keys from above (bound), and accumulates its gradient from a run of
+// dS^T (grad_col) into a per-thread Grad. Each takes bh, the index of the (batch, head) pair,
+// and reads what it needs of it (the head bh % heads, or the sequence's own tensors).
 
 struct OffsetBias {
   const float* rtable;  // [heads, width]: rtable[h, m] = PE(hi - m)
@@ -151,14 +156,16 @@ struct OffsetBias {
   }
 
   // s[c] += PE(i, c0 + c) for c < n; returns the largest s[c]
-  float add_row(int64_t h, int64_t i, int64_t /*row*/, int64_t c0, int64_t n, float* s) const {
-    return add_run_max(s, rtable + h * width + (hi - i + c0), n);
+  float add_row(int64_t bh, int64_t i, int64_t /*row*/, int64_t c0, int64_t n, float* s) const {
+    return add_run_max(s, rtable + bh % heads * width + (hi - i + c0), n);
   }
-  void add_col(int64_t h, int64_t i0, int64_t /*row0*/, int64_t j, int64_t n, float* s) const {
-    add_run(s, table.data() + h * width + (i0 - j - lowest), n);
+  void add_col(int64_t bh, int64_t i0, int64_t /*row0*/, int64_t j, int64_t n, float* s) const {
+    add_run(s, table.data() + bh % heads * width + (i0 - j - lowest), n);
   }
-  // an upper bound of PE(offset) for offsets lo .. hi_offset (the whole chunks they touch)
-  float bound(int64_t h, int64_t lo, int64_t hi_offset) const {
+  // an upper bound of PE(i, j) for queries i0 .. i1 and keys c0 .. c1: the largest PE of
+  // the offsets i0 - c1 .. i1 - c0 (the whole chunks they touch)
+  float bound(int64_t bh, int64_t i0, int64_t i1, int64_t c0, int64_t c1) const {
+    const int64_t h = bh % heads, lo = i0 - c1, hi_offset = i1 - c0;
     const int64_t first = std::max<int64_t>(lo - lowest, 0) / kChunk;
     const int64_t last = std::min<int64_t>(hi_offset - lowest, width - 1) / kChunk;
     float m = kNegInf;
@@ -171,9 +178,9 @@ struct OffsetBias {
     explicit Grad(const OffsetBias& b) : table(b.heads * b.width, 0.f) {}
   };
   // grad.table[h, offset(i0 + r, j)] += ds[r] for r < n
-  void grad_col(int64_t h, int64_t i0, int64_t /*row0*/, int64_t j, int64_t n, const float* ds,
+  void grad_col(int64_t bh, int64_t i0, int64_t /*row0*/, int64_t j, int64_t n, const float* ds,
                 Grad& g) const {
-    add_run(g.table.data() + h * width + (i0 - j - lowest), ds, n);
+    add_run(g.table.data() + bh % heads * width + (i0 - j - lowest), ds, n);
   }
 };
 
@@ -218,13 +225,14 @@ struct FireBias {
     }
     return fold_lanes(vmax, [](float a, float b) { return std::max(a, b); }, kNegInf);
   }
-  float add_row(int64_t h, int64_t i, int64_t row, int64_t c0, int64_t n, float* s) const {
-    return add_mlp(h, rpsi + (hi - i + c0), nullptr, inv_den[row], n, s);
+  float add_row(int64_t bh, int64_t i, int64_t row, int64_t c0, int64_t n, float* s) const {
+    return add_mlp(bh % heads, rpsi + (hi - i + c0), nullptr, inv_den[row], n, s);
   }
-  void add_col(int64_t h, int64_t i0, int64_t row0, int64_t j, int64_t n, float* s) const {
-    add_mlp(h, psi.data() + (i0 - j - lowest), inv_den + row0, 0.f, n, s);
+  void add_col(int64_t bh, int64_t i0, int64_t row0, int64_t j, int64_t n, float* s) const {
+    add_mlp(bh % heads, psi.data() + (i0 - j - lowest), inv_den + row0, 0.f, n, s);
   }
-  float bound(int64_t, int64_t, int64_t) const { return kInf; }  // never skips a block
+  // never skips a block
+  float bound(int64_t, int64_t, int64_t, int64_t, int64_t) const { return kInf; }
 
   struct Grad {
     std::vector<float> psi, inv;  // [width] in offset order, [q_len]
@@ -235,9 +243,9 @@ struct FireBias {
           w2(b.heads * b.units, Vec(0.f)), slope(b.heads, Vec(0.f)), intercept(b.heads, Vec(0.f)) {}
   };
   // The gradient of sum_r ds[r] f_h(x_r), x_r = psi(|i0 + r - j|) * inv_den[row0 + r]
-  void grad_col(int64_t h, int64_t i0, int64_t row0, int64_t j, int64_t n, const float* ds,
+  void grad_col(int64_t bh, int64_t i0, int64_t row0, int64_t j, int64_t n, const float* ds,
                 Grad& g) const {
-    const int64_t t0 = i0 - j - lowest;
+    const int64_t h = bh % heads, t0 = i0 - j - lowest;
     const float* p = psi.data() + t0;
     const float* inv = inv_den + row0;
     float* dpsi = g.psi.data() + t0;
@@ -263,6 +271,75 @@ struct FireBias {
       at::vec::fmadd(dx, iv, Vec::loadu(dpsi + c, lanes)).store(dpsi + c, lanes);
       at::vec::fmadd(dx, pv, Vec::loadu(dinv + c, lanes)).store(dinv + c, lanes);
     }
+  }
+};
+
+
+// The Forgetting Transformer (Lin et al., ICLR 2025): PE(i, j) = F_i - F_j, F_t the
+// cumulative sum of log f_t of one (batch, head) pair, given as float32 hi + lo per key
+// ([batch * heads, width], width = k_len; queries sit at positions i < width). Causal only.
+struct ForgettingBias {
+  const float *hi, *lo;  // [batch * heads, width]
+  int64_t width;
+
+  // s[c] += (hi_i - hi_j) + (lo_i - lo_j), j = c0 + c, for c < n; returns the largest s[c]
+  float add_row(int64_t bh, int64_t i, int64_t /*row*/, int64_t c0, int64_t n, float* s) const {
+    const float* h = hi + bh * width;
+    const float* l = lo + bh * width;
+    const float hi_i = h[i], lo_i = l[i];
+    const Vec vhi(hi_i), vlo(lo_i);
+    Vec vmax(kNegInf);
+    int64_t c = 0;
+    for (; c + Vec::size() <= n; c += Vec::size()) {
+      const Vec pe = (vhi - Vec::loadu(h + c0 + c)) + (vlo - Vec::loadu(l + c0 + c));
+      const Vec sum = Vec::loadu(s + c) + pe;
+      sum.store(s + c);
+      vmax = at::vec::maximum(vmax, sum);
+    }
+    float m = fold_lanes(vmax, [](float a, float b) { return std::max(a, b); }, kNegInf);
+    for (; c < n; ++c) {
+      s[c] += (hi_i - h[c0 + c]) + (lo_i - l[c0 + c]);
+      m = std::max(m, s[c]);
+    }
+    return m;
+  }
+  // s[r] += (hi_i - hi_j) + (lo_i - lo_j), i = i0 + r, for r < n
+  void add_col(int64_t bh, int64_t i0, int64_t /*row0*/, int64_t j, int64_t n, float* s) const {
+    const float* h = hi + bh * width + i0;
+    const float* l = lo + bh * width + i0;
+    const Vec vhj(hi[bh * width + j]), vlj(lo[bh * width + j]);
+    for (int64_t r = 0; r < n; r += Vec::size()) {
+      const int64_t lanes = std::min<int64_t>(Vec::size(), n - r);
+      const Vec pe = (Vec::loadu(h + r, lanes) - vhj) + (Vec::loadu(l + r, lanes) - vlj);
+      (Vec::loadu(s + r, lanes) + pe).store(s + r, lanes);
+    }
+  }
+  // F is non-increasing, so PE(i, j) <= F_i0 - F_c1 for queries i0 .. i1 and keys c0 .. c1
+  // before them all; a block that reaches the diagonal (c1 >= i0) sees PE <= 0 (PE(i, i) = 0
+  // and causal attention never adds PE to a key after its query).
+  float bound(int64_t bh, int64_t i0, int64_t /*i1*/, int64_t /*c0*/, int64_t c1) const {
+    if (c1 >= i0) return 0.f;
+    const float* h = hi + bh * width;
+    const float* l = lo + bh * width;
+    return (h[i0] - h[c1]) + (l[i0] - l[c1]);
+  }
+
+  // The gradient of lo, [batch * heads, width]: each (batch, head) pair is one thread's
+  // (the backward hands out whole pairs), so every thread writes its rows straight into it.
+  struct Grad {
+    float* dlo;
+  };
+  // d/dlo of sum_r ds[r] PE(i0 + r, j): +ds[r] at query i0 + r, -sum_r ds[r] at key j
+  void grad_col(int64_t bh, int64_t i0, int64_t /*row0*/, int64_t j, int64_t n, const float* ds,
+                Grad& g) const {
+    float* d = g.dlo + bh * width;
+    Vec vsum(0.f);
+    int64_t r = 0;
+    for (; r + Vec::size() <= n; r += Vec::size()) vsum = vsum + Vec::loadu(ds + r);
+    float sum = lane_sum(vsum);
+    for (; r < n; ++r) sum += ds[r];
+    d[j] -= sum;
+    add_run(d + i0, ds, n);
   }
 };
 
@@ -316,7 +393,7 @@ struct Norms {
     const float q_max = *std::max_element(qn, qn + rows);
     const int64_t c0 = b * p.kv_block, c1 = std::min(p.k_len, c0 + p.kv_block) - 1;
     const int64_t i0 = p.q_start + r0;
-    const float pe = bias.bound(bh % p.heads, i0 - c1, i0 + rows - 1 - c0);
+    const float pe = bias.bound(bh, i0, i0 + rows - 1, c0, c1);
     return q_max * k_block[bh * p.kv_blocks() + b] + pe;
   }
 };
@@ -425,7 +502,7 @@ template <typename Bias>
 void attend_block(const Problem& p, const Bias& bias, const Norms& norms, int64_t bh,
                   int64_t r0, int64_t rows, ForwardWorkspace& w, float* out, float* lse,
                   Counts& counts) {
-  const int64_t h = bh % p.heads, kv_block = p.kv_block;
+  const int64_t kv_block = p.kv_block;
   const int64_t i0 = p.q_start + r0;  // the absolute position of the block's first query
   const int64_t kv_end = p.keys_seen(r0, rows);
   const float* kt = w.keys_transposed(p, bh, kv_end);
@@ -456,7 +533,7 @@ void attend_block(const Problem& p, const Bias& bias, const Norms& norms, int64_
       const int64_t seen = p.causal ? std::clamp<int64_t>(i - c0 + 1, 0, cols) : cols;
       std::fill(s + seen, s + cols, 0.f);  // future keys: weight 0
       if (seen == 0) continue;
-      const float block_max = bias.add_row(h, i, r0 + r, c0, seen, s);
+      const float block_max = bias.add_row(bh, i, r0 + r, c0, seen, s);
       const float old_max = w.row_max[r];
       const float new_max = std::max(old_max, block_max);
       if (new_max == kNegInf) {  // every score so far is -inf: nothing to weigh yet
@@ -553,7 +630,7 @@ template <typename Bias>
 void backward_head(const Problem& p, const Bias& bias, const Norms& norms, int64_t bh,
                    const float* out, const float* dout, const float* lse, float* dq, float* dk,
                    float* dv, BackwardWorkspace& w, typename Bias::Grad& grad, Counts& counts) {
-  const int64_t h = bh % p.heads, d = p.dim, dvd = p.v_dim;
+  const int64_t d = p.dim, dvd = p.v_dim;
   const int64_t qb = p.q_block, kb = p.kv_block;
   const float* q = p.q + bh * p.q_len * d;
   const float* k = p.k + bh * p.k_len * d;
@@ -610,9 +687,9 @@ void backward_head(const Problem& p, const Bias& bias, const Norms& norms, int64
         std::fill(ds, ds + lo, 0.f);
         const int64_t n = rows - lo;
         if (n == 0) continue;
-        bias.add_col(h, i0 + lo, r0 + lo, j, n, s + lo);
+        bias.add_col(bh, i0 + lo, r0 + lo, j, n, s + lo);
         weights_and_grad(s + lo, ds + lo, lse + r0 + lo, w.delta.data() + r0 + lo, n);
-        bias.grad_col(h, i0 + lo, r0 + lo, j, n, ds + lo, grad);
+        bias.grad_col(bh, i0 + lo, r0 + lo, j, n, ds + lo, grad);
       }
       at::native::cpublas::brgemm(cols, dvd, rows, qb, dvd, dvd, true, st, dout + r0 * dvd,
                                   dv + c0 * dvd);
@@ -785,6 +862,43 @@ std::vector<at::Tensor> fire_backward(const at::Tensor& q, const at::Tensor& k,
   return {dq, dk, dv, drpsi, dinv, dw1, db1, dw2, dslope, dintercept};
 }
 
+ForgettingBias forgetting_bias(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                               const at::Tensor& lo, int64_t highest, const at::Tensor& hi,
+                               int64_t q_start, bool causal) {
+  check_qkv(q, k, v);
+  check_float_contiguous(lo, "lo");
+  check_float_contiguous(hi, "hi");
+  TORCH_CHECK(causal, "the forget gate's bias is causal only: causal must be true");
+  TORCH_CHECK(hi.dim() == 3 && hi.size(0) == q.size(0) && hi.size(1) == q.size(1) &&
+                  hi.size(2) == k.size(2) && lo.sizes() == hi.sizes(),
+              "hi and lo must be [batch, heads, k_len]");
+  TORCH_CHECK(q_start >= 0 && q_start + q.size(2) <= k.size(2) &&
+                  highest == q_start + q.size(2) - 1,
+              "the queries must sit at key positions (q_start + q_len <= k_len, "
+              "highest = q_start + q_len - 1)");
+  return ForgettingBias{hi.data_ptr<float>(), lo.data_ptr<float>(), hi.size(2)};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> forgetting_forward(
+    const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& lo,
+    int64_t highest, const at::Tensor& hi, int64_t q_start, bool causal, int64_t q_block,
+    int64_t kv_block) {
+  const ForgettingBias bias = forgetting_bias(q, k, v, lo, highest, hi, q_start, causal);
+  return forward(q, k, v, bias, q_start, causal, q_block, kv_block);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> forgetting_backward(
+    const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out,
+    const at::Tensor& dout, const at::Tensor& lse, const at::Tensor& lo, int64_t highest,
+    const at::Tensor& hi, int64_t q_start, bool causal, int64_t q_block, int64_t kv_block) {
+  const ForgettingBias bias = forgetting_bias(q, k, v, lo, highest, hi, q_start, causal);
+  auto dlo = at::zeros_like(lo);
+  float* dlo_data = dlo.data_ptr<float>();
+  auto [dq, dk, dv, grads] = backward(q, k, v, out, dout, lse, bias, q_start, causal, q_block,
+                                      kv_block, [&] { return ForgettingBias::Grad{dlo_data}; });
+  return {dq, dk, dv, dlo};
+}
+
 }  // namespace
 
 TORCH_LIBRARY(relbias_fused, m) {
@@ -799,6 +913,11 @@ TORCH_LIBRARY(relbias_fused, m) {
   m.def("fire_backward(Tensor q, Tensor k, Tensor v, Tensor out, Tensor dout, Tensor lse, "
         "Tensor rpsi, int hi, Tensor inv_den, Tensor w1, Tensor b1, Tensor w2, Tensor slope, "
         "Tensor intercept, int q_start, bool causal, int q_block, int kv_block) -> Tensor[]");
+  m.def("forgetting_forward(Tensor q, Tensor k, Tensor v, Tensor lo, int highest, Tensor hi, "
+        "int q_start, bool causal, int q_block, int kv_block) -> (Tensor, Tensor, Tensor)");
+  m.def("forgetting_backward(Tensor q, Tensor k, Tensor v, Tensor out, Tensor dout, Tensor lse, "
+        "Tensor lo, int highest, Tensor hi, int q_start, bool causal, int q_block, int kv_block) "
+        "-> (Tensor, Tensor, Tensor, Tensor)");
 }
 
 TORCH_LIBRARY_IMPL(relbias_fused, CPU, m) {
@@ -806,4 +925,6 @@ TORCH_LIBRARY_IMPL(relbias_fused, CPU, m) {
   m.impl("offset_backward", &offset_backward);
   m.impl("fire_forward", &fire_forward);
   m.impl("fire_backward", &fire_backward);
+  m.impl("forgetting_forward", &forgetting_forward);
+  m.impl("forgetting_backward", &forgetting_backward);
 }

@@ -1,0 +1,247 @@
+"""The stored multi-seed ``medium`` sweeps, as the chapters show them beside their live runs.
+
+The chapters' live training demos run the small ``quick`` configuration (one seed, a few
+minutes on a CPU). The heavier claims rest on the stored sweeps in
+``relbias/lab/results`` (``extrapolation_medium.json``, ``retrieval_medium.json``,
+``ablation_*_medium.json``; the commands that made them are in that folder's README):
+several seeds per method, a 95 % Student-t interval over seeds at every length.
+
+This module turns them into what a chapter displays and glues: tables of mean and
+interval, figures with the interval shaded, and verdicts. A verdict claims a difference
+only where the intervals say so: :func:`compare` (two methods at one length) needs the
+two intervals to be apart (:func:`relbias.lab.stats.separates`); :func:`trend` (one
+method from the training length to a longer one) takes the interval of the per-seed
+change, since both numbers come from the same trained models.
+"""
+
+from __future__ import annotations
+
+from relbias.book.plots import figure
+from relbias.lab.stats import interval, separates
+from relbias.lab.training import (
+    load_results,
+    plot_extrapolation,
+    plot_retrieval,
+    plot_val_curves,
+)
+
+__all__ = [
+    "accuracy_table",
+    "at_factor",
+    "bpb_table",
+    "compare",
+    "describe",
+    "levelled",
+    "load",
+    "only",
+    "plot_probe",
+    "plot_sweep",
+    "show_interval",
+    "spread_by_step",
+    "trend",
+]
+
+#: The stored result file of each experiment.
+STORED = {
+    "extrapolation": "extrapolation_medium",
+    "retrieval": "retrieval_medium",
+    "t5": "ablation_t5_medium",
+    "fire": "ablation_fire_medium",
+    "offset": "ablation_offset_medium",
+}
+
+
+def load(kind: str = "extrapolation") -> dict:
+    """The stored sweep of ``kind`` (one of :data:`STORED`'s keys), read from the library."""
+    if kind not in STORED:
+        raise ValueError(f"kind must be one of {list(STORED)}, got {kind!r}")
+    results = load_results(STORED[kind])
+    if "seeds" not in results:
+        raise ValueError(f"{STORED[kind]}.json holds no multi-seed sweep")
+    return results
+
+
+def only(results: dict, methods) -> dict:
+    """``results`` with only ``methods`` (in that order), for the tables and figures."""
+    missing = [m for m in methods if m not in results["methods"]]
+    if missing:
+        raise ValueError(f"methods {missing} are not in the results: {list(results['methods'])}")
+    return {**results, "methods": {m: results["methods"][m] for m in methods}}
+
+
+def _row(record: dict, factor: int) -> dict:
+    for row in record["eval"]:
+        if row.get("factor") == factor:
+            return row
+    raise ValueError(f"factor must be one of {[r.get('factor') for r in record['eval']]}")
+
+
+def at_factor(results: dict, method: str, factor: int) -> dict:
+    """Mean and interval of ``method``'s bits per byte at ``factor`` x the training length."""
+    row = _row(results["methods"][method], factor)
+    return {"mean": row["bpb"], "low": row["bpb_low"], "high": row["bpb_high"], "n": row["n"]}
+
+
+def show_interval(iv: dict, digits: int = 2) -> str:
+    """``mean [low, high]`` with ``digits`` decimals."""
+    return f"{iv['mean']:.{digits}f} [{iv['low']:.{digits}f}, {iv['high']:.{digits}f}]"
+
+
+def bpb_table(results: dict, methods, *, digits: int = 2):
+    """Rows and headers of a table: each method's mean bits per byte and 95 % interval per
+    evaluation length (``mean [low, high]``), for :func:`relbias.book.show_table`."""
+    factors = [row["factor"] for row in results["methods"][methods[0]]["eval"]]
+    lengths = [row["length"] for row in results["methods"][methods[0]]["eval"]]
+    headers = ["method", *(f"{n} ({f}x)" for n, f in zip(lengths, factors))]
+    rows = [
+        [m, *(show_interval(at_factor(results, m, f), digits) for f in factors)] for m in methods
+    ]
+    return rows, headers
+
+
+def compare(results: dict, a: str, b: str, factor: int) -> str:
+    """``"lower"`` or ``"higher"`` when ``a``'s interval at ``factor`` lies wholly below or
+    above ``b``'s, else ``"overlapping"``: the rule before a chapter claims an ordering."""
+    ia, ib = at_factor(results, a, factor), at_factor(results, b, factor)
+    if not separates(ia, ib):
+        return "overlapping"
+    return "lower" if ia["high"] < ib["low"] else "higher"
+
+
+def _per_seed_bpb(results: dict, method: str, factor: int) -> list[float]:
+    seeds = results["methods"][method]["seeds"]
+    return [_row(seeds[s], factor)["bpb"] for s in sorted(seeds, key=int)]
+
+
+def trend(results: dict, method: str, *, start: int = 1, end: int | None = None) -> dict:
+    """How ``method``'s bits per byte change from ``start`` x to ``end`` x (default the
+    longest) the training length, over seeds: the interval of the per-seed change
+    (``mean``, ``low``, ``high``) and the ``verdict``: ``"degrades"`` (the whole interval
+    above 0), ``"improves"`` (below 0) or ``"no change beyond the interval"``."""
+    end = end or max(row["factor"] for row in results["methods"][method]["eval"])
+    first = _per_seed_bpb(results, method, start)
+    last = _per_seed_bpb(results, method, end)
+    change = interval([b - a for a, b in zip(first, last)])
+    if change["low"] > 0:
+        verdict = "degrades"
+    elif change["high"] < 0:
+        verdict = "improves"
+    else:
+        verdict = "no change beyond the interval"
+    return {**change, "verdict": verdict, "start": start, "end": end}
+
+
+def levelled(results: dict, method: str) -> dict:
+    """Whether ``method``'s validation curve at the training length levelled off, per seed:
+    ``seeds`` (how many), ``levelled`` (how many fell by at most 0.02 bits over the last
+    20 % of training) and ``largest_drop`` (bits, the most any seed still fell there)."""
+    per_seed = results["methods"][method]["train"].get("val_levelled", [])
+    if not per_seed:
+        raise ValueError(f"{method} has no validation curve in these results")
+    return {
+        "seeds": len(per_seed),
+        "levelled": sum(bool(s["levelled"]) for s in per_seed),
+        "largest_drop": max(s["drop"] for s in per_seed),
+    }
+
+
+def spread_by_step(results: dict, methods) -> list[dict]:
+    """How far apart ``methods`` are at the training length as training goes on: at each
+    step of the validation curves, every method's mean over seeds and the ``spread``
+    (largest mean minus smallest). Tells whether the differences close with training."""
+    curves = {}
+    for m in methods:
+        per_seed = results["methods"][m]["seeds"].values()
+        for record in per_seed:
+            for point in record["train"].get("val_curve", []):
+                curves.setdefault(point["step"], {}).setdefault(m, []).append(point["bpb"])
+    rows = []
+    for step in sorted(curves):
+        means = {m: sum(v) / len(v) for m, v in curves[step].items()}
+        if len(means) == len(methods):
+            rows.append(
+                {"step": step, "means": means, "spread": max(means.values()) - min(means.values())}
+            )
+    if not rows:
+        raise ValueError(f"no validation curve common to {list(methods)}")
+    return rows
+
+
+def describe(results: dict) -> dict:
+    """What a sweep read and where it came from, for the prose: ``seeds``, ``steps``,
+    ``train_len``, ``eval_kb`` (validation kB at every length), ``files`` (the fewest
+    validation files any length touched), ``commit`` and ``wall_min``."""
+    config = results["provenance"]["config"]
+    rows = next(iter(results["methods"].values()))["eval"]
+    info = {
+        "seeds": len(results["seeds"]),
+        "steps": config["steps"],
+        "train_len": config["train_len"],
+        "commit": (results["provenance"].get("commit") or "unknown")[:7],
+        "wall_min": round((results["provenance"].get("wall_s") or 0) / 60),
+    }
+    if results["kind"] == "extrapolation":
+        info["eval_kb"] = min(row["bytes"] for row in rows) // 1024
+        info["files"] = min(row.get("files", 0) for row in rows)
+    else:
+        info["probe_steps"] = config["probe_steps"]
+        info["samples"] = min(row["samples"] for row in rows)
+    return info
+
+
+def plot_sweep(results: dict, methods, *, width: float = 11.0, height: float = 3.6):
+    """Bits per byte against evaluation length with the 95 % interval shaded (left) and the
+    validation curve of every seed at the training length (right), for ``methods``."""
+    chosen = only(results, methods)
+    fig, axes = figure(width, height, ncols=2)
+    left, right = axes.flat
+    plot_extrapolation(chosen, ax=left)
+    plot_val_curves(chosen, ax=right)
+    _zoom_on_late_steps(right)
+    return fig
+
+
+def _zoom_on_late_steps(ax) -> None:
+    """Limit the y axis to the curves after the first fifth of training (the first steps
+    start several bits higher and would flatten the part that tells whether they levelled)."""
+    points = [(x, y) for line in ax.get_lines() for x, y in zip(*line.get_data())]
+    if not points:
+        return
+    last = max(x for x, _ in points)
+    late = [y for x, y in points if x >= last / 5]
+    low, high = min(y for _, y in points), max(late)
+    ax.set_ylim(low - 0.05 * (high - low + 1e-9), high + 0.05 * (high - low + 1e-9))
+
+
+def accuracy_table(results: dict, methods, length: int, *, digits: int = 2):
+    """Rows and headers: each method's recall accuracy (mean [low, high] over seeds, the
+    interval clipped to [0, 1]) per distance, at sequence length ``length``."""
+    rows_of = {
+        m: [r for r in results["methods"][m]["eval"] if r["length"] == length] for m in methods
+    }
+    distances = [r["distance"] for r in rows_of[methods[0]]]
+    if not distances:
+        raise ValueError(f"length {length} is not among the stored lengths")
+    headers = ["method", *(f"d = {d}" for d in distances)]
+    rows = []
+    for m in methods:
+        cells = []
+        for r in rows_of[m]:
+            iv = {
+                "mean": r["accuracy"],
+                "low": max(0.0, r["accuracy_low"]),
+                "high": min(1.0, r["accuracy_high"]),
+            }
+            cells.append(show_interval(iv, digits))
+        rows.append([m, *cells])
+    return rows, headers
+
+
+def plot_probe(results: dict, methods, *, width: float = 12.0, height: float = 3.4):
+    """Recall accuracy against distance (interval shaded), one panel per sequence length."""
+    chosen = only(results, methods)
+    lengths = sorted({r["length"] for m in methods for r in results["methods"][m]["eval"]})
+    fig, axes = figure(width, height, ncols=len(lengths))
+    for ax, length in zip(getattr(axes, "flat", [axes]), lengths):
+        plot_retrieval(chosen, length=length, ax=ax)
+    return fig

@@ -1,0 +1,171 @@
+"""relbias.book.stored: the verdicts the chapters glue claim only what the intervals allow."""
+
+from __future__ import annotations
+
+import random
+
+import matplotlib
+import pytest
+
+from relbias.book import stored
+from relbias.lab.experiments import summarize_extrapolation, summarize_retrieval
+from relbias.lab.stats import interval
+
+matplotlib.use("Agg")
+
+FACTORS = (1, 2, 4)
+
+
+def _record(bpbs, seed):
+    curve = [{"step": s, "bpb": 3.0 - s / 1000 + 0.01 * seed} for s in (0, 250, 500, 750, 1000)]
+    return {
+        "params": 10,
+        "train": {
+            "steps": 1000,
+            "final_loss_bits": 2.0,
+            "wall_s": 1.0,
+            "tokens_per_s": 1.0,
+            "val_curve": curve,
+        },
+        "eval": [
+            {
+                "factor": f,
+                "length": 16 * f,
+                "windows": 4,
+                "bytes": 131072,
+                "files": 20,
+                "bpb": b,
+                "loss_by_position": [b] * (16 * f),
+            }
+            for f, b in zip(FACTORS, bpbs)
+        ],
+    }
+
+
+def _results(per_method):
+    """A stored-format sweep from ``{method: [[bpb per factor] per seed]}``."""
+    methods = {
+        m: summarize_extrapolation({s: _record(b, s) for s, b in enumerate(seeds)})
+        for m, seeds in per_method.items()
+    }
+    seeds = list(range(len(next(iter(per_method.values())))))
+    config = {"train_len": 16, "steps": 1000}
+    return {
+        "kind": "extrapolation",
+        "methods": methods,
+        "seeds": seeds,
+        "provenance": {"config": config, "commit": "abcdef0123", "wall_s": 600.0},
+    }
+
+
+def test_compare_claims_an_order_only_where_the_intervals_separate():
+    res = _results(
+        {
+            "low": [[1.0, 1.0, 1.0], [1.01, 1.0, 1.0], [0.99, 1.0, 1.0]],
+            "high": [[2.0, 2.0, 2.0], [2.01, 2.0, 2.0], [1.99, 2.0, 2.0]],
+            "noisy": [[0.5, 1.0, 1.0], [2.5, 1.0, 1.0], [1.5, 1.0, 1.0]],
+        }
+    )
+    assert stored.compare(res, "low", "high", 1) == "lower"
+    assert stored.compare(res, "high", "low", 1) == "higher"
+    assert stored.compare(res, "noisy", "low", 1) == "overlapping"
+    assert stored.compare(res, "noisy", "high", 1) == "overlapping"
+
+
+def test_compare_agrees_with_the_intervals_over_random_sweeps():
+    rng = random.Random(0)
+    for _ in range(200):
+        per = {m: [[rng.gauss(mu, 0.3)] * 3 for _ in range(3)] for m, mu in (("a", 0), ("b", 0.5))}
+        res = _results(per)
+        a = interval([s[0] for s in per["a"]])
+        b = interval([s[0] for s in per["b"]])
+        verdict = stored.compare(res, "a", "b", 1)
+        if a["high"] < b["low"]:
+            assert verdict == "lower"
+        elif b["high"] < a["low"]:
+            assert verdict == "higher"
+        else:
+            assert verdict == "overlapping"
+
+
+def test_trend_uses_the_per_seed_change():
+    # The seeds differ a lot from each other but each degrades by about 0.5: the paired
+    # change is clear even though the two lengths' intervals overlap.
+    res = _results({"m": [[1.0, 1.2, 1.5], [2.0, 2.2, 2.51], [3.0, 3.2, 3.49]]})
+    assert stored.compare(res, "m", "m", 1) == "overlapping"
+    t = stored.trend(res, "m")
+    assert t["verdict"] == "degrades" and t["end"] == 4
+    assert t["mean"] == pytest.approx(0.5)
+    better = _results({"m": [[1.5, 1.2, 1.0], [2.5, 2.2, 2.01], [3.5, 3.2, 2.99]]})
+    assert stored.trend(better, "m")["verdict"] == "improves"
+    mixed = _results({"m": [[1.0, 1.0, 1.3], [1.0, 1.0, 0.7], [1.0, 1.0, 1.05]]})
+    assert stored.trend(mixed, "m")["verdict"] == "no change beyond the interval"
+    assert stored.trend(mixed, "m", end=2)["mean"] == pytest.approx(0.0)
+
+
+def test_table_describe_levelled_and_figure():
+    res = _results({"a": [[1.0, 1.1, 1.2]] * 2 + [[1.2, 1.3, 1.4]], "b": [[2.0, 2.0, 2.0]] * 3})
+    rows, headers = stored.bpb_table(res, ["b", "a"])
+    assert headers == ["method", "16 (1x)", "32 (2x)", "64 (4x)"]
+    assert [r[0] for r in rows] == ["b", "a"] and rows[0][1] == "2.00 [2.00, 2.00]"
+    mean, rest = rows[1][1].split(" [")
+    assert float(mean) == pytest.approx(1.0667, abs=1e-2) and rest.endswith("]")
+    info = stored.describe(res)
+    assert info == {
+        "seeds": 3,
+        "steps": 1000,
+        "train_len": 16,
+        "commit": "abcdef0",
+        "wall_min": 10,
+        "eval_kb": 128,
+        "files": 20,
+    }
+    lev = stored.levelled(res, "a")
+    assert lev["seeds"] == 3 and lev["levelled"] == 0 and lev["largest_drop"] > 0.19
+    fig = stored.plot_sweep(res, ["a", "b"])
+    assert len(fig.axes) == 2
+
+
+def test_accuracy_table_clips_the_interval_to_probabilities():
+    def rec(acc):
+        return {
+            "params": 1,
+            "train": {"steps": 1, "final_loss_bits": 1.0, "wall_s": 1.0, "tokens_per_s": 1.0},
+            "eval": [{"length": 64, "distance": d, "accuracy": acc, "samples": 10} for d in (3, 9)],
+        }
+
+    method = summarize_retrieval({0: rec(1.0), 1: rec(0.9), 2: rec(0.2)})
+    res = {
+        "kind": "retrieval",
+        "methods": {"alibi": method},
+        "seeds": [0, 1, 2],
+        "provenance": {"config": {"train_len": 16, "steps": 1, "probe_steps": 5}},
+    }
+    rows, headers = stored.accuracy_table(res, ["alibi"], 64)
+    assert headers == ["method", "d = 3", "d = 9"]
+    low, high = rows[0][1].split("[")[1].rstrip("]").split(", ")
+    assert float(low) == 0.0 and float(high) == 1.0
+    assert len(stored.plot_probe(res, ["alibi"]).axes) == 1
+    with pytest.raises(ValueError, match="length 128"):
+        stored.accuracy_table(res, ["alibi"], 128)
+
+
+def test_bad_input_is_named():
+    res = _results({"a": [[1.0, 1.0, 1.0]] * 3})
+    with pytest.raises(ValueError, match="kind must be one of"):
+        stored.load("nope")
+    with pytest.raises(ValueError, match=r"methods \['zz'\] are not in the results"):
+        stored.only(res, ["zz"])
+    with pytest.raises(ValueError, match="factor must be one of"):
+        stored.compare(res, "a", "a", 3)
+
+
+def test_spread_by_step_follows_the_validation_curves():
+    res = _results({"a": [[1.0, 1.0, 1.0]] * 3, "b": [[2.0, 2.0, 2.0]] * 3})
+    # _record's curves: 3.0 - step/1000 + 0.01 * seed, the same for both methods
+    rows = stored.spread_by_step(res, ["a", "b"])
+    assert [r["step"] for r in rows] == [0, 250, 500, 750, 1000]
+    assert all(r["spread"] == pytest.approx(0.0) for r in rows)
+    assert rows[-1]["means"]["a"] == pytest.approx(2.01)
+    with pytest.raises(ValueError, match="no validation curve"):
+        stored.spread_by_step({"methods": {"a": {"seeds": {"0": {"train": {}}}}}}, ["a"])
