@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from relbias import biased_attention
-from relbias.bench.methods import bias_module, inputs
+from relbias.bench.methods import attention_bias, bias_module, inputs
 
 ACCURACY_METHOD = (
     "For each family at one length: q, k, v drawn in float32 (seeded), the output and the "
@@ -22,7 +22,7 @@ ACCURACY_METHOD = (
 def _run(q, k, v, module) -> dict:
     q, k, v = (t.detach().requires_grad_(True) for t in (q, k, v))
     module.zero_grad()
-    out = biased_attention(q, k, v, module, backend="fused")
+    out = biased_attention(q, k, v, attention_bias(module, q), backend="fused")
     out.float().square().mean().backward()
     params = [p.grad for p in module.parameters() if p.grad is not None]
     bias_grad = torch.cat([g.flatten() for g in params]) if params else torch.zeros(0)

@@ -8,9 +8,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from relbias import BIAS_NAMES
 from relbias._stored import write_json
-from relbias.bench.config import FULL_LENGTHS, QUICK_LENGTHS, BenchConfig, ConfigError
+from relbias.bench.config import FAMILIES, FULL_LENGTHS, QUICK_LENGTHS, BenchConfig, ConfigError
 from relbias.bench.memory import worker_main
 from relbias.bench.methods import ALL_METHODS
 from relbias.bench.report import format_tables, run
@@ -49,7 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--families",
         type=_csv(str, "names"),
         default=None,
-        help=f"comma-separated families (default all: {','.join(BIAS_NAMES)})",
+        help=f"comma-separated families (default all: {','.join(FAMILIES)})",
     )
     p.add_argument(
         "--methods",
@@ -128,7 +127,7 @@ def _config(parser: argparse.ArgumentParser, args, argv) -> BenchConfig:
         out = "benchmarks/results/" + ("cpu-quick.json" if args.quick else "cpu.json")
     settings = dict(
         lengths=list(lengths),
-        families=args.families or list(BIAS_NAMES),
+        families=args.families or list(FAMILIES),
         methods=args.methods or list(ALL_METHODS),
         repeats=repeats,
         heads=args.heads,

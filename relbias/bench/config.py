@@ -7,8 +7,11 @@ from dataclasses import dataclass, field
 
 import torch
 
-from relbias import BIAS_NAMES
+from relbias import BIAS_NAMES, DATA_DEPENDENT_NAMES
 from relbias.bench.methods import ALL_METHODS
+
+#: Every family the benchmark can time: the position families and the forget gate.
+FAMILIES = (*BIAS_NAMES, *DATA_DEPENDENT_NAMES)
 
 FULL_LENGTHS = (512, 1024, 2048, 4096, 8192, 16384)
 QUICK_LENGTHS = (256, 512)
@@ -46,7 +49,7 @@ class BenchConfig:
     """
 
     lengths: list[int] = field(default_factory=lambda: list(FULL_LENGTHS))
-    families: list[str] = field(default_factory=lambda: list(BIAS_NAMES))
+    families: list[str] = field(default_factory=lambda: list(FAMILIES))
     methods: list[str] = field(default_factory=lambda: list(ALL_METHODS))
     repeats: int | None = None
     heads: int = 8
@@ -81,7 +84,7 @@ class BenchConfig:
                 raise ConfigError(name, f"repeats {', '.join(map(str, repeated))}")
         for n in self.lengths:
             _check_int("lengths", n, 1)
-        _check_names("families", self.families, BIAS_NAMES)
+        _check_names("families", self.families, FAMILIES)
         _check_names("methods", self.methods, ALL_METHODS)
         if self.repeats is not None:
             _check_int("repeats", self.repeats, 1)

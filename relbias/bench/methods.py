@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from torch.nn import functional as F
 
-from relbias import biased_attention, make_bias
+from relbias import DATA_DEPENDENT_NAMES, alibi_slopes, biased_attention, make_bias
 from relbias.attention import fused
 from relbias.bench.references import REFERENCES, reference
 
@@ -51,9 +51,63 @@ METHOD_NOTES = {
 }
 
 
+#: The width of the layer input the forget gate reads in the benchmark.
+GATE_DIM = 64
+
+
+class GateOnInput(torch.nn.Module):
+    """A data-dependent family with a fixed, seeded layer input ``[1, n, dim]`` per length,
+    so that the benchmark treats it as it treats the position families:
+    :meth:`prepare` gives the prepared bias of a length (the gate's own O(n) work is part of
+    every timed call, see :func:`attention_bias`)."""
+
+    def __init__(self, gate, seed: int):
+        super().__init__()
+        self.gate, self.seed, self._inputs = gate, seed, {}
+
+    def input(self, n: int) -> torch.Tensor:
+        if n not in self._inputs:
+            gen = torch.Generator().manual_seed(self.seed + n)
+            self._inputs[n] = torch.randn(1, n, self.gate.dim, generator=gen)
+        return self._inputs[n]
+
+    def prepare(self, n: int):
+        return self.gate.prepare(self.input(n))
+
+
+#: How a family that is not a function of positions alone enters the benchmark.
+FAMILY_NOTES = {
+    "forgetting": "the forget gate (relbias.ForgettingGate) reads a seeded input [1, n, "
+    f"{GATE_DIM}] and is prepared inside every timed call (its O(n) gate and cumulative sum "
+    "included); its biases give each head one of ALiBi's slopes as its mean forget rate",
+}
+
+
+def decay_bias_init(heads: int) -> torch.Tensor:
+    """Gate biases whose forget rates are ALiBi's slopes: ``log sigmoid(b_h) = -m_h``, i.e.
+    ``b_h = -log(exp(m_h) - 1)`` (the reference code's decay-time initialisation with
+    decay times ``1 / m_h``), so that the gate forgets on ALiBi's scales, one per head."""
+    return -torch.log(torch.expm1(alibi_slopes(heads).double())).float()
+
+
+def attention_bias(module, q):
+    """What :func:`relbias.biased_attention` takes for ``module`` and these queries: the
+    module itself, or a forget gate prepared on its input of ``q``'s length."""
+    if isinstance(module, GateOnInput):
+        return module.prepare(q.shape[2])
+    return module
+
+
 def bias_module(name: str, heads: int, seed: int):
-    """A bias module with reproducible, non-trivial parameters."""
+    """A bias module with reproducible, non-trivial parameters.
+
+    The forget gate (``"forgetting"``) comes wrapped in :class:`GateOnInput`, its biases
+    from :func:`decay_bias_init` and its weights as the family draws them (std 0.02), so
+    that each head forgets at about one of ALiBi's rates, varied a little by the input."""
     torch.manual_seed(seed)
+    if name in DATA_DEPENDENT_NAMES:
+        gate = make_bias(name, heads, dim=GATE_DIM, bias_init=decay_bias_init(heads))
+        return GateOnInput(gate, seed)
     kwargs = {"max_offset": 1024} if name == "offset" else {}
     module = make_bias(name, heads, **kwargs)
     if name in ("offset", "t5"):
@@ -67,7 +121,9 @@ def runner(method: str, family: str | None, module, heads: int):
     if method == "sdpa":
         return lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True)
     if method in OUR_METHODS:
-        return lambda q, k, v: biased_attention(q, k, v, module, causal=True, backend=method)
+        return lambda q, k, v: biased_attention(
+            q, k, v, attention_bias(module, q), causal=True, backend=method
+        )
     return reference(method, family, module, heads)
 
 

@@ -19,7 +19,7 @@ from relbias.bench.accuracy import bfloat16_accuracy
 from relbias.bench.config import BenchConfig
 from relbias.bench.goals import evaluate_goals, index
 from relbias.bench.memory import MEMORY_METHOD, measure_memory
-from relbias.bench.methods import METHOD_NOTES, applicable
+from relbias.bench.methods import FAMILY_NOTES, METHOD_NOTES, applicable
 from relbias.bench.timing import TIMING_METHOD, time_family, torch_settings
 
 #: The stored reports: ``benchmarks/results`` of the repository (relbias/bench is two
@@ -150,6 +150,7 @@ def _run(config: BenchConfig, log) -> dict:
             "max_dense_gib": config.max_dense_gib,
             "bias_parameters": "offset (max_offset=1024) and t5 tables ~ N(0, 1); "
             "kerple, fire: default initialisation (seeded)",
+            "family_notes": {f: FAMILY_NOTES[f] for f in config.families if f in FAMILY_NOTES},
         },
         "methods": {m: METHOD_NOTES[m] for m in ["sdpa", *methods]},
         "timing_method": TIMING_METHOD,

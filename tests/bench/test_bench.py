@@ -234,3 +234,22 @@ def test_train_speed_rejects_bad_arguments(argv, message, capsys):
     with pytest.raises(SystemExit):
         _train_speed().main(argv)
     assert message in capsys.readouterr().err
+
+
+def test_bench_times_the_forget_gate_like_a_position_family(tmp_path):
+    """The forget gate reads a seeded input per length, prepared inside every timed call;
+    every backend agrees with the materialised one, forward and backward, and the training
+    memory and bfloat16 rows exist as for the other families."""
+    out = tmp_path / "bench.json"
+    argv = "--lengths 40 --families forgetting --methods sdpa,materialize,table,flex,fused "
+    argv += f"--repeats 1 --threads 1 --out {out}"
+    assert bench.main(argv.split()) == 0
+    report = json.loads(out.read_text())
+    assert "forget gate" in report["config"]["family_notes"]["forgetting"]
+    rows = {(r["pass"], r["method"]): r for r in report["results"] if r["family"] == "forgetting"}
+    for method in ("table", "flex", "fused"):
+        assert rows[("forward", method)]["max_abs_diff"] < 1e-5
+    assert rows[("forward_backward", "fused")]["seconds_median"] > 0
+    assert "skipped" in rows[("forward_backward", "flex")]  # no FlexAttention backward on CPU
+    assert 0 < report["bfloat16_accuracy"]["families"]["forgetting"]["vs_float32"]["output"] < 0.05
+    assert "forgetting" in report["goals"]["forward_n40"]
