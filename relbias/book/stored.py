@@ -180,7 +180,7 @@ def describe(results: dict) -> dict:
         "commit": (results["provenance"].get("commit") or "unknown")[:7],
         "wall_min": round((results["provenance"].get("wall_s") or 0) / 60),
     }
-    if results["kind"] == "extrapolation":
+    if results["kind"] in ("extrapolation", "ablation"):
         info["eval_kb"] = min(row["bytes"] for row in rows) // 1024
         info["files"] = min(row.get("files", 0) for row in rows)
     else:

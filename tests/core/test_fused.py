@@ -76,9 +76,9 @@ def test_fused_causal_keys_after_the_last_query(family):
     assert_close(got, expected)
 
 
-@pytest.mark.parametrize("seed", range(20))
-def test_fused_random_shapes_and_blocks(seed, monkeypatch):
-    """Random families, lengths, prefixes, head sizes, batch and block sizes."""
+def _random_case(seed: int, monkeypatch) -> dict:
+    """A random family, causality, lengths, prefix, head sizes, batch and block sizes (the
+    block sizes set on the module for this test)."""
     rng = random.Random(seed)
     monkeypatch.setattr(fused, "Q_BLOCK", rng.choice([1, 3, 16, 64, 128]))
     monkeypatch.setattr(fused, "KV_BLOCK", rng.choice([1, 8, 33, 512]))
@@ -87,8 +87,22 @@ def test_fused_random_shapes_and_blocks(seed, monkeypatch):
     k_len = q_len + rng.randint(0, 80)
     q_start = k_len - q_len if causal else rng.randint(0, 200)
     dim, v_dim = rng.choice([(8, 8), (16, 24), (64, 64), (5, 3)])
-    bias = family_bias(family, causal)
-    q, k, v = qkv(q_len, k_len, batch=rng.randint(1, 3), dim=dim, v_dim=v_dim)
+    return {
+        "bias": family_bias(family, causal),
+        "causal": causal,
+        "q_len": q_len,
+        "k_len": k_len,
+        "q_start": q_start,
+        "shape": {"batch": rng.randint(1, 3), "dim": dim, "v_dim": v_dim},
+    }
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_fused_random_shapes_and_blocks(seed, monkeypatch):
+    """Random families, lengths, prefixes, head sizes, batch and block sizes."""
+    case = _random_case(seed, monkeypatch)
+    causal, q_start, bias = case["causal"], case["q_start"], case["bias"]
+    q, k, v = qkv(case["q_len"], case["k_len"], **case["shape"])
     with torch.no_grad():
         expected = biased_attention(
             q, k, v, bias, causal=causal, q_start=q_start, backend="materialize"
@@ -431,18 +445,11 @@ def test_fused_gradients_match_materialise(family, causal, q_len, k_len, q_start
 
 @pytest.mark.parametrize("seed", range(20))
 def test_fused_gradients_random_shapes_and_blocks(seed, monkeypatch):
-    rng = random.Random(seed)
-    monkeypatch.setattr(fused, "Q_BLOCK", rng.choice([1, 3, 16, 64, 128]))
-    monkeypatch.setattr(fused, "KV_BLOCK", rng.choice([1, 8, 33, 512]))
-    family, causal = rng.choice(FAMILIES), rng.random() < 0.7
-    q_len = rng.randint(1, 120)
-    k_len = q_len + rng.randint(0, 80)
-    q_start = k_len - q_len if causal else rng.randint(0, 200)
-    dim, v_dim = rng.choice([(8, 8), (16, 24), (64, 64), (5, 3)])
-    bias = _perturbed(family_bias(family, causal))
-    q, k, v = qkv(q_len, k_len, batch=rng.randint(1, 3), dim=dim, v_dim=v_dim, grad=True)
-    dout = torch.randn(q.shape[:3] + (v_dim,))
-    kwargs = {"causal": causal, "q_start": q_start}
+    case = _random_case(seed, monkeypatch)
+    bias = _perturbed(case["bias"])
+    q, k, v = qkv(case["q_len"], case["k_len"], **case["shape"], grad=True)
+    dout = torch.randn(q.shape[:3] + (case["shape"]["v_dim"],))
+    kwargs = {"causal": case["causal"], "q_start": case["q_start"]}
     got = _gradients("fused", q, k, v, bias, dout, **kwargs)
     expected = _gradients("materialize", q, k, v, bias, dout, **kwargs)
     assert_gradients_close(got, expected)
