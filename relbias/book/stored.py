@@ -16,6 +16,7 @@ change, since both numbers come from the same trained models.
 
 from __future__ import annotations
 
+from relbias.book.display import glue
 from relbias.book.plots import figure
 from relbias.lab.stats import interval, separates
 from relbias.lab.training import (
@@ -27,8 +28,10 @@ from relbias.lab.training import (
 
 __all__ = [
     "accuracy_table",
+    "glue_sweep",
     "at_factor",
     "bpb_table",
+    "combine",
     "compare",
     "describe",
     "levelled",
@@ -48,6 +51,9 @@ STORED = {
     "t5": "ablation_t5_medium",
     "fire": "ablation_fire_medium",
     "offset": "ablation_offset_medium",
+    # the forget gate (issue 17), swept later with the same configuration and seeds
+    "forgetting_extrapolation": "extrapolation_medium_forgetting",
+    "forgetting_retrieval": "retrieval_medium_forgetting",
 }
 
 
@@ -59,6 +65,28 @@ def load(kind: str = "extrapolation") -> dict:
     if "seeds" not in results:
         raise ValueError(f"{STORED[kind]}.json holds no multi-seed sweep")
     return results
+
+
+def combine(first: dict, *more: dict) -> dict:
+    """One sweep holding the methods of several stored sweeps of the same kind,
+    configuration and seeds (e.g. the forget gate's, run later, with the others'): the
+    first's provenance, and ``"combined"`` listing every file's commit and command."""
+    for other in more:
+        for key in ("kind", "seeds"):
+            if other.get(key) != first.get(key):
+                raise ValueError(
+                    f"the sweeps differ in {key}: {first.get(key)} and {other.get(key)}"
+                )
+        if other["provenance"]["config"] != first["provenance"]["config"]:
+            raise ValueError("the sweeps were made with different configurations")
+    methods = {}
+    for results in (first, *more):
+        methods.update(results["methods"])
+    sources = [
+        {k: r["provenance"].get(k) for k in ("commit", "command", "created_utc")}
+        for r in (first, *more)
+    ]
+    return {**first, "methods": methods, "combined": sources}
 
 
 def only(results: dict, methods) -> dict:
@@ -245,3 +273,27 @@ def plot_probe(results: dict, methods, *, width: float = 12.0, height: float = 3
     for ax, length in zip(getattr(axes, "flat", [axes]), lengths):
         plot_retrieval(chosen, length=length, ax=ax)
     return fig
+
+
+def glue_sweep(prefix: str, results: dict, methods) -> dict:
+    """Glue what a chapter's prose says about ``methods`` in a stored sweep, and return it.
+
+    For the sweep: ``{prefix}_seeds``, ``_steps``, ``_train_len``, ``_commit`` (and
+    ``_eval_kb``, ``_files`` for text). For each method ``m`` and each evaluation factor
+    ``f``: ``{prefix}_{m}_bpb{f}`` (``mean [low, high]``); and from the training length to
+    the longest, ``{prefix}_{m}_trend`` (the verdict of :func:`trend`) and
+    ``{prefix}_{m}_change`` (the per-seed change, ``mean [low, high]``). Returns
+    ``{"describe": ..., "trend": {m: ...}}`` for the chapter's checks.
+    """
+    info = describe(results)
+    for key, value in info.items():
+        glue(f"{prefix}_{key}", value)
+    trends = {}
+    for m in methods:
+        for row in results["methods"][m]["eval"]:
+            f = row["factor"]
+            glue(f"{prefix}_{m}_bpb{f}", show_interval(at_factor(results, m, f)))
+        trends[m] = trend(results, m)
+        glue(f"{prefix}_{m}_trend", trends[m]["verdict"])
+        glue(f"{prefix}_{m}_change", show_interval(trends[m]))
+    return {"describe": info, "trend": trends}

@@ -169,3 +169,21 @@ def test_spread_by_step_follows_the_validation_curves():
     assert rows[-1]["means"]["a"] == pytest.approx(2.01)
     with pytest.raises(ValueError, match="no validation curve"):
         stored.spread_by_step({"methods": {"a": {"seeds": {"0": {"train": {}}}}}}, ["a"])
+
+
+def test_glue_sweep_returns_what_it_glues():
+    res = _results({"a": [[1.0, 1.1, 1.2], [1.1, 1.2, 1.3], [1.2, 1.3, 1.41]]})
+    out = stored.glue_sweep("chx", res, ["a"])
+    assert out["describe"]["seeds"] == 3 and out["trend"]["a"]["verdict"] == "degrades"
+
+
+def test_combine_joins_sweeps_of_one_configuration_only():
+    a = _results({"a": [[1.0, 1.0, 1.0]] * 3})
+    b = _results({"b": [[2.0, 2.0, 2.0]] * 3})
+    both = stored.combine(a, b)
+    assert list(both["methods"]) == ["a", "b"] and len(both["combined"]) == 2
+    other = {**b, "provenance": {**b["provenance"], "config": {"train_len": 32, "steps": 1}}}
+    with pytest.raises(ValueError, match="different configurations"):
+        stored.combine(a, other)
+    with pytest.raises(ValueError, match="differ in seeds"):
+        stored.combine(a, {**b, "seeds": [0]})
