@@ -30,15 +30,18 @@ __all__ = [
     "accuracy_table",
     "glue_sweep",
     "at_factor",
+    "accuracy_at",
     "bpb_table",
     "combine",
     "compare",
+    "compare_accuracy",
     "describe",
     "levelled",
     "load",
     "only",
     "plot_probe",
     "plot_sweep",
+    "relation",
     "show_interval",
     "spread_by_step",
     "trend",
@@ -136,6 +139,15 @@ def compare(results: dict, a: str, b: str, factor: int) -> str:
     return "lower" if ia["high"] < ib["low"] else "higher"
 
 
+RELATION = {"lower": "lies below", "higher": "lies above", "overlapping": "overlaps"}
+
+
+def relation(results: dict, a: str, b: str, factor: int) -> str:
+    """:func:`compare` as words for the prose: ``a``'s interval "lies below", "lies above"
+    or "overlaps" ``b``'s."""
+    return RELATION[compare(results, a, b, factor)]
+
+
 def _per_seed_bpb(results: dict, method: str, factor: int) -> list[float]:
     seeds = results["methods"][method]["seeds"]
     return [_row(seeds[s], factor)["bpb"] for s in sorted(seeds, key=int)]
@@ -145,7 +157,8 @@ def trend(results: dict, method: str, *, start: int = 1, end: int | None = None)
     """How ``method``'s bits per byte change from ``start`` x to ``end`` x (default the
     longest) the training length, over seeds: the interval of the per-seed change
     (``mean``, ``low``, ``high``) and the ``verdict``: ``"degrades"`` (the whole interval
-    above 0), ``"improves"`` (below 0) or ``"no change beyond the interval"``."""
+    above 0), ``"improves"`` (below 0) or ``"neither degrades nor improves beyond the
+    interval"``."""
     end = end or max(row["factor"] for row in results["methods"][method]["eval"])
     first = _per_seed_bpb(results, method, start)
     last = _per_seed_bpb(results, method, end)
@@ -155,7 +168,7 @@ def trend(results: dict, method: str, *, start: int = 1, end: int | None = None)
     elif change["high"] < 0:
         verdict = "improves"
     else:
-        verdict = "no change beyond the interval"
+        verdict = "neither degrades nor improves beyond the interval"
     return {**change, "verdict": verdict, "start": start, "end": end}
 
 
@@ -263,6 +276,34 @@ def accuracy_table(results: dict, methods, length: int, *, digits: int = 2):
             cells.append(show_interval(iv, digits))
         rows.append([m, *cells])
     return rows, headers
+
+
+def accuracy_at(results: dict, method: str, length: int, distance: int | None = None) -> dict:
+    """Recall accuracy of ``method`` at one sequence ``length`` and ``distance`` (default:
+    the farthest), mean and 95 % interval over seeds, the interval clipped to [0, 1]."""
+    rows = [r for r in results["methods"][method]["eval"] if r["length"] == length]
+    if not rows:
+        raise ValueError(f"length {length} is not among the stored lengths")
+    row = (
+        rows[-1] if distance is None else next((r for r in rows if r["distance"] == distance), None)
+    )
+    if row is None:
+        raise ValueError(f"distance must be one of {[r['distance'] for r in rows]}")
+    return {
+        "mean": row["accuracy"],
+        "low": max(0.0, row["accuracy_low"]),
+        "high": min(1.0, row["accuracy_high"]),
+        "distance": row["distance"],
+    }
+
+
+def compare_accuracy(results: dict, a: str, b: str, length: int, distance=None) -> str:
+    """``"lower"``, ``"higher"`` or ``"overlapping"``: ``a``'s recall accuracy against
+    ``b``'s at one length and distance (default the farthest), by their intervals."""
+    ia, ib = (accuracy_at(results, m, length, distance) for m in (a, b))
+    if not separates(ia, ib):
+        return "overlapping"
+    return "lower" if ia["high"] < ib["low"] else "higher"
 
 
 def plot_probe(results: dict, methods, *, width: float = 12.0, height: float = 3.4):

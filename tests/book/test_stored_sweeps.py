@@ -70,6 +70,8 @@ def test_compare_claims_an_order_only_where_the_intervals_separate():
     assert stored.compare(res, "high", "low", 1) == "higher"
     assert stored.compare(res, "noisy", "low", 1) == "overlapping"
     assert stored.compare(res, "noisy", "high", 1) == "overlapping"
+    assert stored.relation(res, "low", "high", 1) == "lies below"
+    assert stored.relation(res, "noisy", "high", 1) == "overlaps"
 
 
 def test_compare_agrees_with_the_intervals_over_random_sweeps():
@@ -99,7 +101,9 @@ def test_trend_uses_the_per_seed_change():
     better = _results({"m": [[1.5, 1.2, 1.0], [2.5, 2.2, 2.01], [3.5, 3.2, 2.99]]})
     assert stored.trend(better, "m")["verdict"] == "improves"
     mixed = _results({"m": [[1.0, 1.0, 1.3], [1.0, 1.0, 0.7], [1.0, 1.0, 1.05]]})
-    assert stored.trend(mixed, "m")["verdict"] == "no change beyond the interval"
+    assert (
+        stored.trend(mixed, "m")["verdict"] == "neither degrades nor improves beyond the interval"
+    )
     assert stored.trend(mixed, "m", end=2)["mean"] == pytest.approx(0.0)
 
 
@@ -146,6 +150,11 @@ def test_accuracy_table_clips_the_interval_to_probabilities():
     low, high = rows[0][1].split("[")[1].rstrip("]").split(", ")
     assert float(low) == 0.0 and float(high) == 1.0
     assert len(stored.plot_probe(res, ["alibi"]).axes) == 1
+    far = stored.accuracy_at(res, "alibi", 64)
+    assert far["distance"] == 9 and far["low"] == 0.0 and far["high"] == 1.0
+    assert stored.compare_accuracy(res, "alibi", "alibi", 64) == "overlapping"
+    with pytest.raises(ValueError, match="distance must be one of"):
+        stored.accuracy_at(res, "alibi", 64, 5)
     with pytest.raises(ValueError, match="length 128"):
         stored.accuracy_table(res, ["alibi"], 128)
 
