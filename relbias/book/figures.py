@@ -19,7 +19,7 @@ import torch
 from relbias import FIRE, RelativeBias, alibi_slopes, make_bias
 from relbias.book.plots import figure
 from relbias.lab.model import BIAS_POSITIONS, default_bias_kwargs
-from relbias.lab.training import build_model, learned_bias
+from relbias.lab.training import build_model, learned_bias, shade_interval
 
 # --- ALiBi --------------------------------------------------------------------------------
 
@@ -433,15 +433,7 @@ def plot_sweep_groups(results: dict, groups: dict | None = None):
             rows = results["methods"][method]["eval"]
             lengths = [r["length"] for r in rows]
             (line,) = ax.plot(lengths, [r["bpb"] for r in rows], "o-", ms=3, label=method)
-            if all(math.isfinite(r.get("bpb_low", math.nan)) for r in rows):  # several seeds
-                ax.fill_between(
-                    lengths,
-                    [r["bpb_low"] for r in rows],
-                    [r["bpb_high"] for r in rows],
-                    color=line.get_color(),
-                    alpha=0.2,
-                    linewidth=0,
-                )
+            shade_interval(ax, lengths, rows, "bpb", line.get_color())  # several seeds
         ax.axvline(train_len, color="grey", lw=0.8)
         ax.set_xscale("log", base=2)
         ax.set_title(title, fontsize=9)

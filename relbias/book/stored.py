@@ -27,15 +27,15 @@ from relbias.lab.training import (
 )
 
 __all__ = [
-    "accuracy_table",
-    "glue_sweep",
-    "at_factor",
     "accuracy_at",
+    "accuracy_table",
+    "at_factor",
     "bpb_table",
     "combine",
     "compare",
     "compare_accuracy",
     "describe",
+    "glue_sweep",
     "levelled",
     "load",
     "only",
@@ -133,7 +133,11 @@ def bpb_table(results: dict, methods, *, digits: int = 2):
 def compare(results: dict, a: str, b: str, factor: int) -> str:
     """``"lower"`` or ``"higher"`` when ``a``'s interval at ``factor`` lies wholly below or
     above ``b``'s, else ``"overlapping"``: the rule before a chapter claims an ordering."""
-    ia, ib = at_factor(results, a, factor), at_factor(results, b, factor)
+    return _order(at_factor(results, a, factor), at_factor(results, b, factor))
+
+
+def _order(ia: dict, ib: dict) -> str:
+    """``"lower"``, ``"higher"`` or ``"overlapping"``: interval ``ia`` against ``ib``."""
     if not separates(ia, ib):
         return "overlapping"
     return "lower" if ia["high"] < ib["low"] else "higher"
@@ -257,24 +261,16 @@ def _zoom_on_late_steps(ax) -> None:
 def accuracy_table(results: dict, methods, length: int, *, digits: int = 2):
     """Rows and headers: each method's recall accuracy (mean [low, high] over seeds, the
     interval clipped to [0, 1]) per distance, at sequence length ``length``."""
-    rows_of = {
-        m: [r for r in results["methods"][m]["eval"] if r["length"] == length] for m in methods
-    }
-    distances = [r["distance"] for r in rows_of[methods[0]]]
+    distances = [
+        r["distance"] for r in results["methods"][methods[0]]["eval"] if r["length"] == length
+    ]
     if not distances:
         raise ValueError(f"length {length} is not among the stored lengths")
     headers = ["method", *(f"d = {d}" for d in distances)]
-    rows = []
-    for m in methods:
-        cells = []
-        for r in rows_of[m]:
-            iv = {
-                "mean": r["accuracy"],
-                "low": max(0.0, r["accuracy_low"]),
-                "high": min(1.0, r["accuracy_high"]),
-            }
-            cells.append(show_interval(iv, digits))
-        rows.append([m, *cells])
+    rows = [
+        [m, *(show_interval(accuracy_at(results, m, length, d), digits) for d in distances)]
+        for m in methods
+    ]
     return rows, headers
 
 
@@ -300,10 +296,7 @@ def accuracy_at(results: dict, method: str, length: int, distance: int | None = 
 def compare_accuracy(results: dict, a: str, b: str, length: int, distance=None) -> str:
     """``"lower"``, ``"higher"`` or ``"overlapping"``: ``a``'s recall accuracy against
     ``b``'s at one length and distance (default the farthest), by their intervals."""
-    ia, ib = (accuracy_at(results, m, length, distance) for m in (a, b))
-    if not separates(ia, ib):
-        return "overlapping"
-    return "lower" if ia["high"] < ib["low"] else "higher"
+    return _order(*(accuracy_at(results, m, length, distance) for m in (a, b)))
 
 
 def plot_probe(results: dict, methods, *, width: float = 12.0, height: float = 3.4):

@@ -987,7 +987,7 @@ def _title(results: dict) -> str:
     )
 
 
-def _band(ax, xs, rows, key: str, color) -> None:
+def shade_interval(ax, xs, rows, key: str, color) -> None:
     """Shade the 95 % interval over seeds (``<key>_low`` .. ``<key>_high``) where rows have it."""
     lows = [r.get(f"{key}_low") for r in rows]
     highs = [r.get(f"{key}_high") for r in rows]
@@ -1020,7 +1020,7 @@ def plot_extrapolation(results: dict, ax=None):
         lengths = [r["length"] for r in res["eval"]]
         style = _style(name, i)
         ax.plot(lengths, [r["bpb"] for r in res["eval"]], label=name, **style)
-        _band(ax, lengths, res["eval"], "bpb", style["color"])
+        shade_interval(ax, lengths, res["eval"], "bpb", style["color"])
     ax.axvline(results["provenance"]["config"]["train_len"], color="grey", lw=0.8)
     ax.set_xscale("log", base=2)
     ax.set_xlabel("evaluation length (tokens); grey line: training length")
@@ -1091,7 +1091,7 @@ def plot_retrieval(results: dict, length: int | None = None, ax=None):
         style = _style(name, i)
         distances = [r["distance"] for r in rows]
         ax.plot(distances, [r["accuracy"] for r in rows], label=name, **style)
-        _band(ax, distances, rows, "accuracy", style["color"])
+        shade_interval(ax, distances, rows, "accuracy", style["color"])
     ax.axvline(results["provenance"]["config"]["train_len"] - 2, color="grey", lw=0.8)
     ax.axhline(0.1, color="grey", lw=0.8, linestyle=":")
     ax.set_xscale("log", base=2)
