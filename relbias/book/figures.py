@@ -529,23 +529,14 @@ def gate_log_forget(model, data: torch.Tensor, seq_len: int, windows: int):
     r"""Every layer's and head's :math:`\log f_t` of a ``position="forgetting"`` model on
     ``windows`` consecutive windows of ``seq_len`` bytes from ``data`` (read from the start).
 
-    Runs the model's blocks on the windows and asks each layer's gate for its
-    :meth:`~relbias.ForgettingGate.log_forget` of the layer's normalised input, the input
-    the gate reads in the model. Returns ``(log_f, byte_ids)``: float32
+    The windows go through :meth:`~relbias.lab.model.TinyLM.gate_log_forget` (each layer's
+    gate on the normalised input it reads in the model). Returns ``(log_f, byte_ids)``: float32
     ``[layers, heads, windows * seq_len]`` and int64 ``[windows * seq_len]``, on the CPU.
     """
-    if not model.gates():
-        raise ValueError("the model has no forget gates (position='forgetting')")
-    was_training = model.training
-    model.eval()
     device = next(model.parameters()).device
     idx = data[: windows * seq_len].long().view(windows, seq_len).to(device)
-    x, per_layer = model.embed(idx), []
-    for block in model.blocks:
-        per_layer.append(block.gate.log_forget(block.norm1(x)))  # [windows, heads, seq_len]
-        x = block(x)
-    model.train(was_training)
-    log_f = torch.stack(per_layer).permute(0, 2, 1, 3).flatten(2)  # [layers, heads, tokens]
+    per_layer = model.gate_log_forget(idx)  # [layers, windows, heads, seq_len]
+    log_f = per_layer.permute(0, 2, 1, 3).flatten(2)  # [layers, heads, tokens]
     return log_f.float().cpu(), idx.flatten().cpu()
 
 

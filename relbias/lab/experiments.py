@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import re
 import statistics
 import sys
 import time
@@ -43,7 +44,7 @@ from pathlib import Path
 import torch
 
 from relbias.lab.data import load_corpus
-from relbias.lab.model import BASELINE_POSITIONS, BIAS_POSITIONS, POSITION_NAMES
+from relbias.lab.model import BASELINE_POSITIONS, BIAS_POSITIONS, GATED_POSITIONS, POSITION_NAMES
 from relbias.lab.probe import TASKS
 from relbias.lab.stats import interval, levelled_off
 from relbias.lab.training import (
@@ -56,6 +57,7 @@ from relbias.lab.training import (
     learned_bias,
     pick_device,
     plot_results,
+    probe_batch,
     probe_batches,
     probe_max_distance,
     probe_min_distance,
@@ -104,6 +106,35 @@ def _readback(model, config: Config) -> dict | None:
         "module": repr(model.bias_modules()[0]),
         "values": [[round(v, 5) for v in row] for row in table.tolist()],
     }
+
+
+def gate_readback(model, idx: torch.Tensor, distance: int | None = None) -> dict:
+    """What a forget-gate model's gates learned, read on the token ids ``idx`` ``[batch, len]``.
+
+    Per layer and head (lists ``[layers][heads]``): the mean :math:`\\log f_t` over the
+    tokens and its 10 %, 50 % and 90 % quantiles; with ``distance`` also the mean bias
+    the gates put between the last position and the token ``distance`` back (the sum of
+    :math:`\\log f_t` over the last ``distance`` tokens: the probe's far key).
+    """
+    log_f = model.gate_log_forget(idx).double()  # [layers, batch, heads, len]
+    per_head = log_f.permute(0, 2, 1, 3).flatten(2)  # [layers, heads, tokens]
+    qs = torch.quantile(per_head, torch.tensor([0.1, 0.5, 0.9], dtype=torch.float64), dim=-1)
+
+    def rounded(t):
+        return [[round(v, 5) for v in row] for row in t.tolist()]
+
+    out = {
+        "module": repr(model.gates()[0]),
+        "tokens": idx.numel(),
+        "mean_log_forget": rounded(per_head.mean(-1)),
+        "log_forget_quantiles": {q: rounded(qs[i]) for i, q in enumerate(("0.1", "0.5", "0.9"))},
+    }
+    if distance is not None:
+        if not 1 <= distance < idx.shape[1]:
+            raise ValueError(f"distance must be in 1..{idx.shape[1] - 1}, got {distance}")
+        out["distance"] = distance
+        out["bias_at_distance"] = rounded(log_f[..., -distance:].sum(-1).mean(1))
+    return out
 
 
 def train_and_evaluate(
@@ -155,6 +186,10 @@ def train_and_evaluate(
         "eval": rows,
         "learned_bias": _readback(model, config),
     }
+    if model.gates():  # read on the first validation windows of the training length
+        windows = corpus.val[: config.eval_batch_size * config.train_len].long()
+        idx = windows.view(config.eval_batch_size, config.train_len).to(device)
+        record["learned_gate"] = gate_readback(model, idx)
     return model, record
 
 
@@ -263,6 +298,7 @@ def summarize_extrapolation(per_seed: dict, confidence: float = 0.95) -> dict:
         "train": _train_summary(per_seed),
         "eval": rows,
         "learned_bias": first.get("learned_bias"),
+        **({"learned_gate": first["learned_gate"]} if "learned_gate" in first else {}),
         "seeds": {str(s): per_seed[s] for s in seeds},
     }
 
@@ -342,6 +378,8 @@ def run_extrapolation(
     resume: bool = False,
     checkpoint_seconds: float | None = 120.0,
     checkpoint_every: int | None = None,
+    model_kwargs: dict | None = None,
+    tag: str | None = None,
 ) -> dict:
     """Train and evaluate every method; returns (and with ``out`` writes) the results.
 
@@ -350,8 +388,12 @@ def run_extrapolation(
     With ``seeds`` (a list): one run per method and seed, ``results["methods"][method]``
     the summary of :func:`summarize_extrapolation` (mean and 95 % t-interval per length,
     every seed's record under ``"seeds"``). ``checkpoint_dir`` and ``resume``: see
-    :func:`run_seeds`.
+    :func:`run_seeds`. ``model_kwargs`` go to every method's
+    :class:`~relbias.lab.model.TinyLM` (e.g. ``{"bias_kwargs": {"bias_init": 5.0}}`` for
+    the forget gate) and are kept in the results; ``tag`` names a variant: the file is
+    ``extrapolation_<config>_<tag>.json``.
     """
+    tag = check_tag(tag)
     checkpoint = {
         "checkpoint_dir": checkpoint_dir,
         "resume": resume,
@@ -364,7 +406,13 @@ def run_extrapolation(
 
         def one(method, device):
             return train_and_evaluate(
-                method, config, corpus=corpus, device=device, progress=progress, factors=factors
+                method,
+                config,
+                corpus=corpus,
+                device=device,
+                progress=progress,
+                factors=factors,
+                model_kwargs=model_kwargs,
             )
 
         device, records, wall_s = _sweep(one, methods, device, verbose)
@@ -384,6 +432,7 @@ def run_extrapolation(
                 device=device,
                 progress=progress,
                 factors=factors,
+                model_kwargs=model_kwargs,
                 train_kwargs=train_kwargs,
             )
 
@@ -396,7 +445,7 @@ def run_extrapolation(
             seeds,
             device=device,
             verbose=verbose,
-            identity_extra={"factors": factors},
+            identity_extra={"factors": factors, "model_kwargs": model_kwargs},
             checkpoint=checkpoint,
         )
         results = {"kind": "extrapolation", "methods": records}
@@ -405,6 +454,7 @@ def run_extrapolation(
             results["interval"] = INTERVAL_NOTE
         results["corpus"] = corpus.describe()
         results["provenance"] = provenance(config, device, wall_s=wall_s)
+    _add_variant(results, model_kwargs, tag)
     if out is not None:
         _write(results, out)
     return results
@@ -459,6 +509,11 @@ def train_and_probe(
     }
     if model.uses_bias:
         record["learned_bias"] = _readback(model, config)
+    if model.gates():  # read on probe sequences with the answer as far back as trained
+        far = probe_max_distance(config, config.train_len)
+        gen = torch.Generator().manual_seed(0)
+        idx, _ = probe_batch(config, config.probe_batch_size, config.train_len, far, gen)
+        record["learned_gate"] = gate_readback(model, idx.to(device), distance=far)
     return model, record
 
 
@@ -487,6 +542,7 @@ def summarize_retrieval(per_seed: dict, confidence: float = 0.95) -> dict:
         "train": _train_summary(per_seed),
         "eval": rows,
         "learned_bias": first.get("learned_bias"),
+        **({"learned_gate": first["learned_gate"]} if "learned_gate" in first else {}),
         "seeds": {str(s): per_seed[s] for s in seeds},
     }
 
@@ -506,12 +562,16 @@ def run_retrieval(
     resume: bool = False,
     checkpoint_seconds: float | None = 120.0,
     checkpoint_every: int | None = None,
+    model_kwargs: dict | None = None,
+    tag: str | None = None,
 ) -> dict:
     """Train every method on the probe; returns (and with ``out`` writes) the results.
 
-    ``seeds``, ``checkpoint_dir``, ``resume``: as in :func:`run_extrapolation` (with
-    seeds, each method's record is :func:`summarize_retrieval`'s).
+    ``seeds``, ``checkpoint_dir``, ``resume``, ``model_kwargs``, ``tag``: as in
+    :func:`run_extrapolation` (with seeds, each method's record is
+    :func:`summarize_retrieval`'s).
     """
+    tag = check_tag(tag)
     checkpoint = {
         "checkpoint_dir": checkpoint_dir,
         "resume": resume,
@@ -529,6 +589,7 @@ def run_retrieval(
                 progress=progress,
                 factors=factors,
                 distances=distances,
+                model_kwargs=model_kwargs,
             )
 
         device, records, wall_s = _sweep(one, methods, device, verbose)
@@ -543,6 +604,7 @@ def run_retrieval(
                 progress=progress,
                 factors=factors,
                 distances=distances,
+                model_kwargs=model_kwargs,
                 train_kwargs=train_kwargs,
             )
 
@@ -555,7 +617,11 @@ def run_retrieval(
             seeds,
             device=device,
             verbose=verbose,
-            identity_extra={"factors": factors, "distances": distances},
+            identity_extra={
+                "factors": factors,
+                "distances": distances,
+                "model_kwargs": model_kwargs,
+            },
             checkpoint=checkpoint,
         )
     results = {
@@ -567,9 +633,35 @@ def run_retrieval(
     if seed_list is not None:
         results["seeds"] = seed_list
         results["interval"] = INTERVAL_NOTE
+    _add_variant(results, model_kwargs, tag)
     if out is not None:
         _write(results, out)
     return results
+
+
+def check_tag(tag: str | None) -> str | None:
+    """A variant's tag: None, or lower-case letters, digits and ``_`` (it ends a file name)."""
+    if tag is None:
+        return None
+    if not isinstance(tag, str) or not re.fullmatch(r"[a-z0-9][a-z0-9_]*", tag):
+        raise ValueError(
+            f"tag must be lower-case letters, digits and '_' (starting with a letter or "
+            f"digit), got {tag!r}"
+        )
+    return tag
+
+
+def _add_variant(results: dict, model_kwargs: dict | None, tag: str | None) -> None:
+    if model_kwargs:
+        results["model_kwargs"] = model_kwargs
+    if tag is not None:
+        results["tag"] = tag
+
+
+def result_name(results: dict) -> str:
+    """The file stem of ``results``: ``<kind>_<config>`` and, for a tagged variant, ``_<tag>``."""
+    name = f"{results['kind']}_{results['provenance']['config']['name']}"
+    return name + (f"_{results['tag']}" if results.get("tag") else "")
 
 
 def _probe_description(config: Config) -> dict:
@@ -600,7 +692,7 @@ def _report(method: str, rec: dict) -> None:
 
 
 def _write(results: dict, out) -> None:
-    name = f"{results['kind']}_{results['provenance']['config']['name']}"
+    name = result_name(results)
     out = Path(out)
     save_results(results, out / f"{name}.json")
     plot_results(results, out / f"{name}.png")
@@ -666,6 +758,16 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _finite_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number, got {text!r}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"must be a finite number, got {text!r}")
+    return value
+
+
 def _non_negative_int(text: str) -> int:
     try:
         value = int(text)
@@ -713,6 +815,17 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--seed", type=int, help="random seed (override)")
         p.add_argument("--device", help="cuda, mps or cpu (default: the best available)")
         p.add_argument("--no-progress", action="store_true", help="hide progress bars")
+        p.add_argument(
+            "--gate-bias-init",
+            type=_finite_float,
+            metavar="B",
+            help="the forget gate's initial bias b (f = sigmoid(b) at the start; default 0, "
+            "as the reference code); only with gated methods (forgetting)",
+        )
+        p.add_argument(
+            "--tag",
+            help="name of a variant: writes <experiment>_<config>_<tag>.json",
+        )
         _add_seed_and_checkpoint_options(p)
         if name == "extrapolation":
             p.add_argument(
@@ -1013,12 +1126,14 @@ def main(argv=None) -> int:
         torch.empty(1, device=device)
     except (RuntimeError, ValueError) as err:
         parser.error(f"--device {args.device!r} is not usable: {err}")
+    variant = {}
     if args.experiment != "ablation":
         _check_distances(parser, args, config)
+        variant = _variant_from_args(parser, args, methods)
     name = (
         f"ablation_{args.which}_{config.name}"
         if args.experiment == "ablation"
-        else f"{args.experiment}_{config.name}"
+        else f"{args.experiment}_{config.name}" + (f"_{args.tag}" if args.tag else "")
     )
     ckpt_dir = Path(args.checkpoint_dir) if args.checkpoint_dir else out / "checkpoints" / name
     what = f"ablation {args.which}" if args.experiment == "ablation" else args.experiment
@@ -1038,11 +1153,11 @@ def main(argv=None) -> int:
     }
     try:
         if args.experiment == "extrapolation":
-            results = run_extrapolation(config, methods, seeds=seeds, **common)
+            results = run_extrapolation(config, methods, seeds=seeds, **common, **variant)
             table = extrapolation_table(results)
         elif args.experiment == "retrieval":
             results = run_retrieval(
-                config, methods, distances=args.distances, seeds=seeds, **common
+                config, methods, distances=args.distances, seeds=seeds, **common, **variant
             )
             table = retrieval_table(results)
         else:
@@ -1075,6 +1190,24 @@ def main(argv=None) -> int:
     print(table)
     print(f"wall time {results['provenance']['wall_s']:.1f} s; wrote {out / name}.json and .png")
     return 0
+
+
+def _variant_from_args(parser, args, methods) -> dict:
+    """``model_kwargs`` and ``tag`` of :func:`run_extrapolation` from the command line."""
+    try:
+        tag = check_tag(args.tag)
+    except ValueError as err:
+        parser.error(f"--tag: {err}")
+    variant = {"tag": tag}
+    if args.gate_bias_init is not None:
+        other = [m for m in methods if m not in GATED_POSITIONS]
+        if other:
+            parser.error(
+                f"--gate-bias-init applies to the gated methods ({', '.join(GATED_POSITIONS)}) "
+                f"only; drop {', '.join(other)} from --methods"
+            )
+        variant["model_kwargs"] = {"bias_kwargs": {"bias_init": args.gate_bias_init}}
+    return variant
 
 
 def _remove_checkpoints(folder: Path) -> None:

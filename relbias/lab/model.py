@@ -373,6 +373,26 @@ class TinyLM(nn.Module):
         """The forget gates, one per layer (``position="forgetting"``), else empty."""
         return [blk.gate for blk in self.blocks if blk.gate is not None]
 
+    @torch.no_grad()
+    def gate_log_forget(self, idx: torch.Tensor) -> torch.Tensor:
+        r"""Every layer's forget-gate :math:`\log f_t` on the token ids ``idx`` ``[batch, len]``:
+        float ``[layers, batch, heads, len]``, each layer's gate applied to the normalised
+        input it reads in :meth:`forward` (evaluation mode; no gradients)."""
+        if not self.gates():
+            raise ValueError(
+                f"gate_log_forget needs position='forgetting', this model has {self.position!r}"
+            )
+        if idx.dim() != 2:
+            raise ValueError(f"idx must be [batch, len], got shape {tuple(idx.shape)}")
+        was_training = self.training
+        self.eval()
+        x, per_layer = self.embed(idx), []
+        for block in self.blocks:
+            per_layer.append(block.gate.log_forget(block.norm1(x)))
+            x = block(x, backend=self._attention_backend)
+        self.train(was_training)
+        return torch.stack(per_layer)
+
     def bias_modules(self) -> list:
         """The bias modules: one when shared, one per layer otherwise, none for baselines."""
         if self.bias is not None:

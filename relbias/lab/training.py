@@ -696,7 +696,7 @@ def probe_batches(config: Config, *, max_distance: int | None = None):
 
     def batch(gen):
         dist = torch.randint(low, max_distance + 1, (config.probe_batch_size,), generator=gen)
-        return _probe_batch(config, config.probe_batch_size, config.train_len, dist, gen)
+        return probe_batch(config, config.probe_batch_size, config.train_len, dist, gen)
 
     return batch
 
@@ -717,7 +717,9 @@ def probe_max_distance(config: Config, seq_len: int) -> int:
     return seq_len - 2
 
 
-def _probe_batch(config: Config, batch_size: int, seq_len: int, distance, gen):
+def probe_batch(config: Config, batch_size: int, seq_len: int, distance, gen):
+    """One batch ``(inputs, targets)`` of the configured probe task with the answer
+    ``distance`` back (an int or one per sequence), drawn with ``gen``."""
     if config.probe_task == "recall":  # the original call, so that stored runs reproduce
         return make_recall_batch(
             batch_size,
@@ -797,7 +799,7 @@ def evaluate_retrieval(
     model.to(device).eval()
     rows = []
     for d in distances:
-        x, y = _probe_batch(config, samples, seq_len, d, gen)
+        x, y = probe_batch(config, samples, seq_len, d, gen)
         correct = 0
         for start in range(0, samples, config.eval_batch_size * 4):
             xb = x[start : start + config.eval_batch_size * 4].to(device)

@@ -219,3 +219,32 @@ def test_tiny_competing_probe_with_seeds(capsys, tmp_path):
     (saved / "progress.json").write_text("{}")
     err = _error(capsys, argv)
     assert "already saved" in err and "--resume" in err
+
+
+def test_gate_variant_options(capsys, tmp_path):
+    """--gate-bias-init reaches the forget gates, --tag names the file, both are recorded,
+    and the record reads the learned gates back (on text and on probe sequences)."""
+    out = ["--out", str(tmp_path)]
+    err = _error(capsys, ["retrieval", "--methods", "forgetting", "alibi",
+                          "--gate-bias-init", "5", *out])  # fmt: skip
+    assert "--gate-bias-init" in err and "drop alibi" in err
+    assert "finite" in _error(capsys, ["retrieval", "--gate-bias-init", "nan", *out])
+    assert "--tag" in _error(capsys, ["retrieval", "--tag", "Init 5", *out])
+    common = ["--methods", "forgetting", "--steps", "1", "--train-len", "12", "--lengths",
+              "1", "2", "--no-progress", "--config", "quick", *out]  # fmt: skip
+    argv = ["retrieval", "--probe", "competing", "--competitors", "1", "--seeds", "0", "1"]
+    assert main([*argv, *common, "--gate-bias-init", "5", "--tag", "init5"]) == 0
+    res = json.loads((tmp_path / "retrieval_quick_init5.json").read_text())
+    assert res["tag"] == "init5"
+    assert res["model_kwargs"] == {"bias_kwargs": {"bias_init": 5.0}}
+    gate = res["methods"]["forgetting"]["learned_gate"]
+    assert gate["distance"] == 8
+    assert gate["tokens"] == res["provenance"]["config"]["probe_batch_size"] * 12
+    # one step from b = 5: log f stays near log sigmoid(5) = -0.0067 in every layer and head
+    assert all(-0.02 < v < 0 for row in gate["mean_log_forget"] for v in row)
+    assert all(-0.25 < v < 0 for row in gate["bias_at_distance"] for v in row)
+    assert main(["extrapolation", *common]) == 0  # the reference init: f = 0.5 at the start
+    res = json.loads((tmp_path / "extrapolation_quick.json").read_text())
+    gate = res["methods"]["forgetting"]["learned_gate"]
+    assert "tag" not in res and "model_kwargs" not in res and "distance" not in gate
+    assert all(-0.95 < v < -0.45 for row in gate["mean_log_forget"] for v in row)

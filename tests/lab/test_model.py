@@ -236,3 +236,27 @@ def test_forgetting_layer_equals_its_written_out_attention():
     for backend in ("materialize", "table", "fused", "auto"):
         got = block.attn(h, block.gate.prepare(h), backend)
         torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
+
+
+def test_gate_log_forget_is_each_gate_on_its_layers_input():
+    torch.manual_seed(0)
+    model = TinyLM(position="forgetting", dim=16, depth=3, heads=2, train_len=8)
+    idx = torch.randint(0, 256, (2, 8))
+    inputs = []
+    hooks = [
+        b.norm1.register_forward_hook(lambda _m, _i, o: inputs.append(o)) for b in model.blocks
+    ]
+    model.eval()
+    with torch.no_grad():
+        model(idx)
+    for h in hooks:
+        h.remove()
+    model.train()
+    log_f = model.gate_log_forget(idx)
+    assert log_f.shape == (3, 2, 2, 8) and model.training  # the mode is restored
+    for layer, gate in enumerate(model.gates()):
+        torch.testing.assert_close(log_f[layer], gate.log_forget(inputs[layer]).detach())
+    with pytest.raises(ValueError, match="position='forgetting'"):
+        TinyLM(position="alibi", dim=16, depth=1, heads=2, train_len=8).gate_log_forget(idx)
+    with pytest.raises(ValueError, match=r"idx must be \[batch, len\]"):
+        model.gate_log_forget(idx[0])
