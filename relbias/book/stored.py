@@ -27,6 +27,7 @@ from relbias.lab.training import (
 )
 
 __all__ = [
+    "RELATION",
     "accuracy_at",
     "accuracy_table",
     "at_factor",
@@ -36,12 +37,15 @@ __all__ = [
     "compare_accuracy",
     "describe",
     "glue_sweep",
+    "gate_summary",
     "levelled",
     "load",
     "only",
     "plot_probe",
     "plot_sweep",
+    "pool_seeds",
     "relation",
+    "renamed",
     "show_interval",
     "spread_by_step",
     "trend",
@@ -56,18 +60,74 @@ STORED = {
     "offset": "ablation_offset_medium",
     # the forget gate (issue 17), swept later with the same configuration and seeds
     "forgetting_extrapolation": "extrapolation_medium_forgetting",
-    "forgetting_retrieval": "retrieval_medium_forgetting",
+    # the forget gate on the probe, started at b = 0 (the reference) and at b = 5
+    # (f = 0.993): seeds 0-2 first, seeds 3-5 added later (pooled by ``load``)
+    "forgetting_retrieval": ("retrieval_medium_forgetting", "retrieval_medium_forgetting_seeds345"),
+    "forgetting_retrieval_init5": (
+        "retrieval_medium_forgetting_init5",
+        "retrieval_medium_forgetting_init5_seeds345",
+    ),
 }
 
 
 def load(kind: str = "extrapolation") -> dict:
-    """The stored sweep of ``kind`` (one of :data:`STORED`'s keys), read from the library."""
+    """The stored sweep of ``kind`` (one of :data:`STORED`'s keys), read from the library;
+    a kind stored in several files (runs of more seeds, added later) comes pooled
+    (:func:`pool_seeds`)."""
     if kind not in STORED:
         raise ValueError(f"kind must be one of {list(STORED)}, got {kind!r}")
-    results = load_results(STORED[kind])
-    if "seeds" not in results:
-        raise ValueError(f"{STORED[kind]}.json holds no multi-seed sweep")
-    return results
+    names = STORED[kind] if isinstance(STORED[kind], tuple) else (STORED[kind],)
+    parts = []
+    for name in names:
+        results = load_results(name)
+        if "seeds" not in results:
+            raise ValueError(f"{name}.json holds no multi-seed sweep")
+        parts.append(results)
+    return pool_seeds(*parts) if len(parts) > 1 else parts[0]
+
+
+def pool_seeds(first: dict, *more: dict) -> dict:
+    """One sweep from runs of the same methods, configuration and variant with different
+    seeds: every method's summary (mean and interval per length) recomputed over all the
+    seeds, from the per-seed records the files keep; ``"pooled"`` lists each file's
+    commit, command and seeds."""
+    from relbias.lab.experiments import summarize_extrapolation, summarize_retrieval
+
+    summarize = {"extrapolation": summarize_extrapolation, "retrieval": summarize_retrieval}
+    if first.get("kind") not in summarize:
+        raise ValueError(f"can pool extrapolation or retrieval sweeps, got {first.get('kind')!r}")
+    for other in more:
+        for key in ("kind", "model_kwargs"):
+            if other.get(key) != first.get(key):
+                raise ValueError(f"the runs differ in {key}: {first.get(key)} and {other.get(key)}")
+        if other["provenance"]["config"] != first["provenance"]["config"]:
+            raise ValueError("the runs were made with different configurations")
+        if list(other["methods"]) != list(first["methods"]):
+            raise ValueError("the runs hold different methods")
+    seeds = [s for r in (first, *more) for s in r["seeds"]]
+    if len(set(seeds)) != len(seeds):
+        raise ValueError(f"the runs share seeds: {seeds}")
+    methods = {}
+    for m in first["methods"]:
+        per_seed = {
+            int(s): rec for r in (first, *more) for s, rec in r["methods"][m]["seeds"].items()
+        }
+        methods[m] = summarize[first["kind"]]({s: per_seed[s] for s in sorted(per_seed)})
+    wall_s = sum(r["provenance"].get("wall_s") or 0 for r in (first, *more))
+    pooled = [
+        {
+            **{k: r["provenance"].get(k) for k in ("commit", "command", "created_utc")},
+            "seeds": r["seeds"],
+        }
+        for r in (first, *more)
+    ]
+    return {
+        **first,
+        "methods": methods,
+        "seeds": sorted(seeds),
+        "provenance": {**first["provenance"], "wall_s": wall_s},
+        "pooled": pooled,
+    }
 
 
 def combine(first: dict, *more: dict) -> dict:
@@ -84,12 +144,63 @@ def combine(first: dict, *more: dict) -> dict:
             raise ValueError("the sweeps were made with different configurations")
     methods = {}
     for results in (first, *more):
+        twice = [m for m in results["methods"] if m in methods]
+        if twice:
+            raise ValueError(
+                f"methods {twice} are in more than one sweep; rename a variant first "
+                "(stored.renamed)"
+            )
         methods.update(results["methods"])
     sources = [
         {k: r["provenance"].get(k) for k in ("commit", "command", "created_utc")}
         for r in (first, *more)
     ]
     return {**first, "methods": methods, "combined": sources}
+
+
+def renamed(results: dict, names: dict) -> dict:
+    """``results`` with methods renamed by ``names`` (``{old: new}``), e.g. to put a
+    variant beside the method it varies (:func:`combine` needs distinct names)."""
+    missing = [m for m in names if m not in results["methods"]]
+    if missing:
+        raise ValueError(f"methods {missing} are not in the results: {list(results['methods'])}")
+    methods = {names.get(m, m): rec for m, rec in results["methods"].items()}
+    return {**results, "methods": methods}
+
+
+def gate_summary(results: dict, method: str) -> dict:
+    """What ``method``'s forget gates learned, over seeds (the records' ``learned_gate``):
+    ``mean_log_forget`` (the mean of :math:`\\log f_t` over seeds, layers, heads and
+    tokens), ``half_life`` (``ln 2`` over its negative, in tokens), ``most_open`` (the
+    head mean closest to 0) and, on probe sequences, ``bias_at_distance`` (the mean
+    bias the gates put on the answer, ``distance`` back, and ``least_bias``, the head
+    closest to 0)."""
+    import math
+
+    seeds = results["methods"][method].get("seeds", {})
+    gates = [rec["learned_gate"] for rec in seeds.values() if rec.get("learned_gate")]
+    if not gates:
+        raise ValueError(f"{method} has no gate read-back in these results")
+
+    def flat(key):
+        return [v for g in gates for row in g[key] for v in row]
+
+    heads = flat("mean_log_forget")
+    mean = sum(heads) / len(heads)
+    out = {
+        "seeds": len(gates),
+        "mean_log_forget": mean,
+        "half_life": math.log(2) / -mean if mean < 0 else math.inf,
+        "most_open": max(heads),
+    }
+    if "bias_at_distance" in gates[0]:
+        bias = flat("bias_at_distance")
+        out.update(
+            distance=gates[0]["distance"],
+            bias_at_distance=sum(bias) / len(bias),
+            least_bias=max(bias),
+        )
+    return out
 
 
 def only(results: dict, methods) -> dict:
@@ -306,6 +417,7 @@ def plot_probe(results: dict, methods, *, width: float = 12.0, height: float = 3
     fig, axes = figure(width, height, ncols=len(lengths))
     for ax, length in zip(getattr(axes, "flat", [axes]), lengths):
         plot_retrieval(chosen, length=length, ax=ax)
+        ax.set_xlabel("distance (grey: farthest trained; dotted: chance)", fontsize=8)
     return fig
 
 

@@ -25,6 +25,12 @@ kept in ``--checkpoint-dir`` (default ``OUT/checkpoints/<name>``) every
 saying what was saved; the same command with ``--resume`` continues it and gives the
 result an uninterrupted run gives.
 
+Variants: ``--gate-bias-init B`` starts the forget gates (``--methods forgetting``) at
+``f = sigmoid(B)`` instead of the reference code's 1/2, and ``--tag NAME`` writes
+``<experiment>_<config>_<NAME>.json``, so that a variant does not replace the plain sweep;
+both are recorded in the results. A forget-gate run reads its gates back into the record
+(``learned_gate``: :func:`gate_readback`), as bias families read back their bias.
+
 Run ``python -m relbias.lab.experiments {extrapolation,retrieval,interpolation,ablation}
 --help`` for every option.
 Methods are the names in :data:`relbias.lab.model.POSITION_NAMES`, or ``all``, ``biases``,

@@ -42,10 +42,10 @@ NBVAL_COMMENTS = (
 )
 # Only training demos are marked: their numbers depend on the machine's float rounding
 # (thread count, instruction set), so the cell that trains and shows them is not compared
-# and the next cell asserts the claim. At most two such cells per chapter, 16 in all (nine
-# chapters and the appendix).
-MAX_MARKED_PER_CHAPTER = 2
-MAX_MARKED_TOTAL = 16
+# and the next cell asserts the claim. At most three such cells per chapter (chapter 4 trains
+# the probe, ALiBi's far recall and Sandwich), 17 in all (nine chapters and the appendix).
+MAX_MARKED_PER_CHAPTER = 3
+MAX_MARKED_TOTAL = 17
 
 
 def load(path: Path) -> dict:

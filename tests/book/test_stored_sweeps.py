@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import random
 
 import matplotlib
@@ -42,13 +43,14 @@ def _record(bpbs, seed):
     }
 
 
-def _results(per_method):
+def _results(per_method, first_seed=0):
     """A stored-format sweep from ``{method: [[bpb per factor] per seed]}``."""
     methods = {
-        m: summarize_extrapolation({s: _record(b, s) for s, b in enumerate(seeds)})
+        m: summarize_extrapolation({s: _record(b, s) for s, b in enumerate(seeds, first_seed)})
         for m, seeds in per_method.items()
     }
-    seeds = list(range(len(next(iter(per_method.values())))))
+    n = len(next(iter(per_method.values())))
+    seeds = list(range(first_seed, first_seed + n))
     config = {"train_len": 16, "steps": 1000}
     return {
         "kind": "extrapolation",
@@ -196,3 +198,50 @@ def test_combine_joins_sweeps_of_one_configuration_only():
         stored.combine(a, other)
     with pytest.raises(ValueError, match="differ in seeds"):
         stored.combine(a, {**b, "seeds": [0]})
+    with pytest.raises(ValueError, match="more than one sweep"):
+        stored.combine(a, a)
+
+
+def test_renamed_puts_a_variant_beside_its_method():
+    a = _results({"a": [[1.0, 1.0, 1.0]] * 3})
+    both = stored.combine(a, stored.renamed(a, {"a": "a_variant"}))
+    assert list(both["methods"]) == ["a", "a_variant"]
+    with pytest.raises(ValueError, match=r"methods \['b'\] are not in the results"):
+        stored.renamed(a, {"b": "c"})
+
+
+def test_gate_summary_averages_the_read_back_over_seeds():
+    res = _results({"g": [[1.0, 1.0, 1.0]] * 2})
+    gates = [
+        {"mean_log_forget": [[-0.1, -0.3]], "bias_at_distance": [[-2.0, -6.0]], "distance": 20},
+        {"mean_log_forget": [[-0.2, -0.2]], "bias_at_distance": [[-4.0, -4.0]], "distance": 20},
+    ]
+    for rec, gate in zip(res["methods"]["g"]["seeds"].values(), gates):
+        rec["learned_gate"] = gate
+    out = stored.gate_summary(res, "g")
+    assert out["seeds"] == 2 and out["distance"] == 20
+    assert out["mean_log_forget"] == pytest.approx(-0.2)
+    assert out["half_life"] == pytest.approx(math.log(2) / 0.2)
+    assert out["most_open"] == pytest.approx(-0.1) and out["least_bias"] == pytest.approx(-2.0)
+    assert out["bias_at_distance"] == pytest.approx(-4.0)
+    with pytest.raises(ValueError, match="no gate read-back"):
+        stored.gate_summary(_results({"h": [[1.0, 1.0, 1.0]] * 2}), "h")
+
+
+def test_pool_seeds_recomputes_the_interval_over_every_seed():
+    rows = [[1.0, 1.1, 1.2], [1.2, 1.3, 1.1], [1.1, 1.0, 1.3], [1.3, 1.2, 1.0]]
+    pooled = stored.pool_seeds(_results({"a": rows[:2]}), _results({"a": rows[2:]}, 2))
+    assert pooled["seeds"] == [0, 1, 2, 3] and len(pooled["pooled"]) == 2
+    whole = _results({"a": rows})
+    for f in FACTORS:
+        assert stored.at_factor(pooled, "a", f) == pytest.approx(stored.at_factor(whole, "a", f))
+    assert pooled["provenance"]["wall_s"] == 1200.0
+    with pytest.raises(ValueError, match="share seeds"):
+        stored.pool_seeds(_results({"a": rows[:2]}), _results({"a": rows[2:]}))
+    with pytest.raises(ValueError, match="differ in model_kwargs"):
+        stored.pool_seeds(
+            _results({"a": rows[:2]}),
+            {**_results({"a": rows[2:]}, 2), "model_kwargs": {"bias_kwargs": {}}},
+        )
+    with pytest.raises(ValueError, match="different methods"):
+        stored.pool_seeds(_results({"a": rows[:2]}), _results({"b": rows[2:]}, 2))
