@@ -46,6 +46,7 @@ __all__ = [
     "pool_seeds",
     "relation",
     "renamed",
+    "seed_count",
     "show_interval",
     "spread_by_step",
     "trend",
@@ -130,12 +131,16 @@ def pool_seeds(first: dict, *more: dict) -> dict:
     }
 
 
-def combine(first: dict, *more: dict) -> dict:
+def combine(first: dict, *more: dict, same_seeds: bool = True) -> dict:
     """One sweep holding the methods of several stored sweeps of the same kind,
     configuration and seeds (e.g. the forget gate's, run later, with the others'): the
-    first's provenance, and ``"combined"`` listing every file's commit and command."""
+    first's provenance, and ``"combined"`` listing every file's commit and command.
+
+    ``same_seeds=False`` joins sweeps run with different seeds (a variant given more
+    seeds): each method keeps its own interval, ``"seeds"`` becomes the union, and
+    :func:`seed_count` tells how many seeds stand behind a method."""
     for other in more:
-        for key in ("kind", "seeds"):
+        for key in ("kind", "seeds") if same_seeds else ("kind",):
             if other.get(key) != first.get(key):
                 raise ValueError(
                     f"the sweeps differ in {key}: {first.get(key)} and {other.get(key)}"
@@ -155,7 +160,13 @@ def combine(first: dict, *more: dict) -> dict:
         {k: r["provenance"].get(k) for k in ("commit", "command", "created_utc")}
         for r in (first, *more)
     ]
-    return {**first, "methods": methods, "combined": sources}
+    seeds = sorted({s for r in (first, *more) for s in r["seeds"]})
+    return {**first, "methods": methods, "seeds": seeds, "combined": sources}
+
+
+def seed_count(results: dict, method: str) -> int:
+    """How many seeds ``method``'s summary in ``results`` averages."""
+    return len(results["methods"][method]["seeds"])
 
 
 def renamed(results: dict, names: dict) -> dict:
@@ -417,7 +428,7 @@ def plot_probe(results: dict, methods, *, width: float = 12.0, height: float = 3
     fig, axes = figure(width, height, ncols=len(lengths))
     for ax, length in zip(getattr(axes, "flat", [axes]), lengths):
         plot_retrieval(chosen, length=length, ax=ax)
-        ax.set_xlabel("distance (grey: farthest trained; dotted: chance)", fontsize=8)
+        ax.set_xlabel("distance (grey: longest trained)", fontsize=8)
     return fig
 
 

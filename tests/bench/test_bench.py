@@ -135,6 +135,8 @@ def test_stored_reports_load_by_name():
     assert full["config"]["lengths"][-1] == 16384
     assert quiet["config"]["lengths"] == [4096]
     assert set(quiet["goals"]["forward_n4096"]) == set(full["config"]["families"])
+    gate = bench.load_report(name="cpu_n4096_quiet_forgetting")  # added with the forget gate
+    assert set(gate["goals"]["forward_n4096"]) == {"forgetting"} and not gate["flush_denormal"]
     with pytest.raises(ValueError, match="name must be a file name"):
         bench.load_report(name="../cpu")
     with pytest.raises(ValueError, match="no stored benchmark named 'gpu'"):

@@ -245,3 +245,13 @@ def test_pool_seeds_recomputes_the_interval_over_every_seed():
         )
     with pytest.raises(ValueError, match="different methods"):
         stored.pool_seeds(_results({"a": rows[:2]}), _results({"b": rows[2:]}, 2))
+
+
+def test_combine_joins_a_variant_with_more_seeds_only_when_asked():
+    three = _results({"a": [[1.0, 1.1, 1.2]] * 3})
+    six = _results({"b": [[1.0, 1.1, 1.2], [1.1, 1.2, 1.3]] * 3})
+    with pytest.raises(ValueError, match="differ in seeds"):
+        stored.combine(three, six)
+    both = stored.combine(three, six, same_seeds=False)
+    assert both["seeds"] == list(range(6))
+    assert stored.seed_count(both, "a") == 3 and stored.seed_count(both, "b") == 6
