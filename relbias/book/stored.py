@@ -16,8 +16,11 @@ change, since both numbers come from the same trained models.
 
 from __future__ import annotations
 
+import math
+
 from relbias.book.display import glue
 from relbias.book.plots import figure
+from relbias.lab.experiments import summarize_extrapolation, summarize_retrieval
 from relbias.lab.stats import interval, separates
 from relbias.lab.training import (
     load_results,
@@ -92,8 +95,6 @@ def pool_seeds(first: dict, *more: dict) -> dict:
     seeds: every method's summary (mean and interval per length) recomputed over all the
     seeds, from the per-seed records the files keep; ``"pooled"`` lists each file's
     commit, command and seeds."""
-    from relbias.lab.experiments import summarize_extrapolation, summarize_retrieval
-
     summarize = {"extrapolation": summarize_extrapolation, "retrieval": summarize_retrieval}
     if first.get("kind") not in summarize:
         raise ValueError(f"can pool extrapolation or retrieval sweeps, got {first.get('kind')!r}")
@@ -184,10 +185,8 @@ def gate_summary(results: dict, method: str) -> dict:
     ``mean_log_forget`` (the mean of :math:`\\log f_t` over seeds, layers, heads and
     tokens), ``half_life`` (``ln 2`` over its negative, in tokens), ``most_open`` (the
     head mean closest to 0) and, on probe sequences, ``bias_at_distance`` (the mean
-    bias the gates put on the answer, ``distance`` back, and ``least_bias``, the head
-    closest to 0)."""
-    import math
-
+    bias the gates put on the answer, ``distance`` back; ``least_bias``, the head closest
+    to 0; ``least_bias_per_run``, that head's bias in each seed's run)."""
     seeds = results["methods"][method].get("seeds", {})
     gates = [rec["learned_gate"] for rec in seeds.values() if rec.get("learned_gate")]
     if not gates:
@@ -210,6 +209,7 @@ def gate_summary(results: dict, method: str) -> dict:
             distance=gates[0]["distance"],
             bias_at_distance=sum(bias) / len(bias),
             least_bias=max(bias),
+            least_bias_per_run=[max(max(row) for row in g["bias_at_distance"]) for g in gates],
         )
     return out
 

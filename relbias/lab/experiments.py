@@ -666,8 +666,12 @@ def _add_variant(results: dict, model_kwargs: dict | None, tag: str | None) -> N
 
 def result_name(results: dict) -> str:
     """The file stem of ``results``: ``<kind>_<config>`` and, for a tagged variant, ``_<tag>``."""
-    name = f"{results['kind']}_{results['provenance']['config']['name']}"
-    return name + (f"_{results['tag']}" if results.get("tag") else "")
+    return file_stem(results["kind"], results["provenance"]["config"]["name"], results.get("tag"))
+
+
+def file_stem(kind: str, config_name: str, tag: str | None = None) -> str:
+    """``<kind>_<config>``, and ``_<tag>`` for a tagged variant: a result's file name."""
+    return f"{kind}_{config_name}" + (f"_{tag}" if tag else "")
 
 
 def _probe_description(config: Config) -> dict:
@@ -1139,7 +1143,7 @@ def main(argv=None) -> int:
     name = (
         f"ablation_{args.which}_{config.name}"
         if args.experiment == "ablation"
-        else f"{args.experiment}_{config.name}" + (f"_{args.tag}" if args.tag else "")
+        else file_stem(args.experiment, config.name, args.tag)
     )
     ckpt_dir = Path(args.checkpoint_dir) if args.checkpoint_dir else out / "checkpoints" / name
     what = f"ablation {args.which}" if args.experiment == "ablation" else args.experiment

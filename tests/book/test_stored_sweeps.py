@@ -224,6 +224,7 @@ def test_gate_summary_averages_the_read_back_over_seeds():
     assert out["half_life"] == pytest.approx(math.log(2) / 0.2)
     assert out["most_open"] == pytest.approx(-0.1) and out["least_bias"] == pytest.approx(-2.0)
     assert out["bias_at_distance"] == pytest.approx(-4.0)
+    assert out["least_bias_per_run"] == pytest.approx([-2.0, -4.0])
     with pytest.raises(ValueError, match="no gate read-back"):
         stored.gate_summary(_results({"h": [[1.0, 1.0, 1.0]] * 2}), "h")
 
