@@ -24,6 +24,7 @@ from relbias.lab.experiments import summarize_extrapolation, summarize_retrieval
 from relbias.lab.stats import interval, separates
 from relbias.lab.training import (
     load_results,
+    method_style,
     plot_extrapolation,
     plot_retrieval,
     plot_val_curves,
@@ -39,12 +40,20 @@ __all__ = [
     "compare",
     "compare_accuracy",
     "describe",
+    "far_accuracy",
+    "far_accuracy_table",
+    "far_penalty",
     "glue_sweep",
     "gate_summary",
+    "join_parts",
     "levelled",
+    "longer_training",
     "load",
     "only",
+    "order",
+    "plot_longer_training",
     "plot_probe",
+    "probe_lengths",
     "plot_sweep",
     "pool_seeds",
     "relation",
@@ -64,6 +73,17 @@ STORED = {
     "offset": "ablation_offset_medium",
     # the forget gate (issue 17), swept later with the same configuration and seeds
     "forgetting_extrapolation": "extrapolation_medium_forgetting",
+    # the medium sweep trained five times as long (--steps 15000), one seed per sitting,
+    # each sitting run as two processes of different methods (joined by ``load``)
+    "extrapolation_15000": (
+        "extrapolation_medium_steps15000_a",
+        "extrapolation_medium_steps15000_b",
+    ),
+    # T5 trained as long with seeds 1 and 2 (one process each), beside seed 0 above
+    "extrapolation_15000_t5_more_seeds": (
+        "extrapolation_medium_steps15000_t5_seed1",
+        "extrapolation_medium_steps15000_t5_seed2",
+    ),
     # the forget gate on the probe, started at b = 0 (the reference) and at b = 5
     # (f = 0.993): seeds 0-2 first, seeds 3-5 added later (pooled by ``load``)
     "forgetting_retrieval": ("retrieval_medium_forgetting", "retrieval_medium_forgetting_seeds345"),
@@ -75,8 +95,11 @@ STORED = {
 
 
 def load(kind: str = "extrapolation") -> dict:
-    """The stored sweep of ``kind`` (one of :data:`STORED`'s keys), read from the library;
-    a kind stored in several files (runs of more seeds, added later) comes pooled
+    """The stored sweep of ``kind`` (one of :data:`STORED`'s keys), read from the library.
+
+    A kind stored in several files comes as one sweep: files of the same seeds and other
+    methods (one sitting split over processes) are joined (:func:`combine`), and those
+    groups, each of other seeds (runs of more seeds, added later), are pooled
     (:func:`pool_seeds`)."""
     if kind not in STORED:
         raise ValueError(f"kind must be one of {list(STORED)}, got {kind!r}")
@@ -87,7 +110,20 @@ def load(kind: str = "extrapolation") -> dict:
         if "seeds" not in results:
             raise ValueError(f"{name}.json holds no multi-seed sweep")
         parts.append(results)
-    return pool_seeds(*parts) if len(parts) > 1 else parts[0]
+    return join_parts(parts)
+
+
+def join_parts(parts) -> dict:
+    """One sweep from the files of one kind: those of the same seeds are joined by method
+    (:func:`combine`, in the order given), then the groups of different seeds pooled
+    (:func:`pool_seeds`)."""
+    if not parts:
+        raise ValueError("parts must hold at least one sweep")
+    groups: dict[tuple, list] = {}
+    for results in parts:
+        groups.setdefault(tuple(results["seeds"]), []).append(results)
+    joined = [combine(*group) if len(group) > 1 else group[0] for group in groups.values()]
+    return pool_seeds(*joined) if len(joined) > 1 else joined[0]
 
 
 def pool_seeds(first: dict, *more: dict) -> dict:
@@ -135,7 +171,8 @@ def pool_seeds(first: dict, *more: dict) -> dict:
 def combine(first: dict, *more: dict, same_seeds: bool = True) -> dict:
     """One sweep holding the methods of several stored sweeps of the same kind,
     configuration and seeds (e.g. the forget gate's, run later, with the others'): the
-    first's provenance, and ``"combined"`` listing every file's commit and command.
+    first's provenance, and ``"combined"`` listing every file's commit, command, time and
+    wall time.
 
     ``same_seeds=False`` joins sweeps run with different seeds (a variant given more
     seeds): each method keeps its own interval, ``"seeds"`` becomes the union, and
@@ -158,7 +195,7 @@ def combine(first: dict, *more: dict, same_seeds: bool = True) -> dict:
             )
         methods.update(results["methods"])
     sources = [
-        {k: r["provenance"].get(k) for k in ("commit", "command", "created_utc")}
+        {k: r["provenance"].get(k) for k in ("commit", "command", "created_utc", "wall_s")}
         for r in (first, *more)
     ]
     seeds = sorted({s for r in (first, *more) for s in r["seeds"]})
@@ -214,6 +251,27 @@ def gate_summary(results: dict, method: str) -> dict:
     return out
 
 
+def far_penalty(results: dict, method: str) -> dict:
+    """How hard ``method``'s learned table (the records' ``learned_bias``: one row per head,
+    offsets 0 to the farthest read back) penalises the farthest offset, over seeds: the
+    per-seed mean over heads of the farthest offset's bias minus the head's largest
+    (``mean``, ``low``, ``high``: 0 is no penalty at all), and ``lowest_far`` (heads, over
+    all seeds, whose farthest offset has their lowest bias: a table falling to the end)
+    of ``heads``."""
+    seeds = results["methods"][method].get("seeds", {})
+    tables = [rec["learned_bias"]["values"] for rec in seeds.values() if rec.get("learned_bias")]
+    if not tables:
+        raise ValueError(f"{method} has no learned-bias read-back in these results")
+    per_seed = [sum(row[-1] - max(row) for row in t) / len(t) for t in tables]
+    rows = [row for t in tables for row in t]
+    return {
+        **interval(per_seed),
+        "lowest_far": sum(row[-1] <= min(row) for row in rows),
+        "heads": len(rows),
+        "offset": len(rows[0]) - 1,
+    }
+
+
 def only(results: dict, methods) -> dict:
     """``results`` with only ``methods`` (in that order), for the tables and figures."""
     missing = [m for m in methods if m not in results["methods"]]
@@ -255,11 +313,12 @@ def bpb_table(results: dict, methods, *, digits: int = 2):
 def compare(results: dict, a: str, b: str, factor: int) -> str:
     """``"lower"`` or ``"higher"`` when ``a``'s interval at ``factor`` lies wholly below or
     above ``b``'s, else ``"overlapping"``: the rule before a chapter claims an ordering."""
-    return _order(at_factor(results, a, factor), at_factor(results, b, factor))
+    return order(at_factor(results, a, factor), at_factor(results, b, factor))
 
 
-def _order(ia: dict, ib: dict) -> str:
-    """``"lower"``, ``"higher"`` or ``"overlapping"``: interval ``ia`` against ``ib``."""
+def order(ia: dict, ib: dict) -> str:
+    """``"lower"``, ``"higher"`` or ``"overlapping"``: interval ``ia`` against ``ib`` (from
+    :func:`at_factor`, :func:`accuracy_at` or two different sweeps)."""
     if not separates(ia, ib):
         return "overlapping"
     return "lower" if ia["high"] < ib["low"] else "higher"
@@ -332,6 +391,68 @@ def spread_by_step(results: dict, methods) -> list[dict]:
     if not rows:
         raise ValueError(f"no validation curve common to {list(methods)}")
     return rows
+
+
+def longer_training(short: dict, longer: dict, methods) -> dict:
+    """The same methods trained ``short`` and ``longer`` (more steps, otherwise the same
+    configuration), compared on the seeds both hold: per method, the mean bits per byte
+    at the training length and at the longest length after each (``short_1x``,
+    ``longer_1x``, ``short_end``, ``longer_end``), the longer run's largest fall over its
+    last fifth (``drop``) and how many of its seeds levelled off (:func:`levelled`).
+    ``"steps"`` gives both step counts and ``"seeds"`` the seeds compared."""
+    configs = [r["provenance"]["config"] for r in (short, longer)]
+    differ = sorted(
+        k for k in {**configs[0], **configs[1]} if configs[0].get(k) != configs[1].get(k)
+    )
+    if differ != ["steps"] or not configs[1]["steps"] > configs[0]["steps"]:
+        raise ValueError(
+            "longer must be short's configuration with more steps; they differ in "
+            f"{differ} (steps {configs[0]['steps']} and {configs[1]['steps']})"
+        )
+    seeds = sorted(set(map(int, short["seeds"])) & set(map(int, longer["seeds"])))
+    if not seeds:
+        raise ValueError(f"the sweeps share no seed: {short['seeds']} and {longer['seeds']}")
+    end = max(row["factor"] for row in short["methods"][methods[0]]["eval"])
+
+    def mean_at(results, m, factor):
+        per_seed = results["methods"][m]["seeds"]
+        values = [_row(per_seed[str(s)], factor)["bpb"] for s in seeds]
+        return sum(values) / len(values)
+
+    rows = {}
+    for m in methods:
+        lev = levelled(only(longer, [m]), m)
+        rows[m] = {
+            "short_1x": mean_at(short, m, 1),
+            "longer_1x": mean_at(longer, m, 1),
+            "short_end": mean_at(short, m, end),
+            "longer_end": mean_at(longer, m, end),
+            "drop": lev["largest_drop"],
+            "levelled": lev["levelled"],
+        }
+    return {"steps": [c["steps"] for c in configs], "seeds": seeds, "end": end, "methods": rows}
+
+
+def plot_longer_training(short: dict, longer: dict, groups, *, width: float = 11.0):
+    """The validation curves at the training length of the seeds both runs hold: the
+    longer run solid, the shorter dotted, one panel per group of methods."""
+    seeds = {str(s) for s in longer_training(short, longer, groups[0])["seeds"]}
+    fig, axes = figure(width, 3.6, ncols=len(groups))
+    for ax, methods in zip(getattr(axes, "flat", [axes]), groups):
+        for i, m in enumerate(methods):
+            color = method_style(m, i)["color"]
+            for results, style, label in ((longer, "-", m), (short, ":", None)):
+                for s, rec in results["methods"][m]["seeds"].items():
+                    if s in seeds:
+                        curve = rec["train"]["val_curve"]
+                        xs, ys = [p["step"] for p in curve], [p["bpb"] for p in curve]
+                        ax.plot(xs, ys, style, color=color, lw=1, label=label)
+                        label = None
+        ax.set_xlabel("training step (dotted: the stored medium run)")
+        ax.set_ylabel("validation bits per byte at 1x")
+        ax.legend(fontsize=7, ncol=2)
+        _zoom_on_late_steps(ax)
+    return fig
 
 
 def describe(results: dict) -> dict:
@@ -418,7 +539,28 @@ def accuracy_at(results: dict, method: str, length: int, distance: int | None = 
 def compare_accuracy(results: dict, a: str, b: str, length: int, distance=None) -> str:
     """``"lower"``, ``"higher"`` or ``"overlapping"``: ``a``'s recall accuracy against
     ``b``'s at one length and distance (default the farthest), by their intervals."""
-    return _order(*(accuracy_at(results, m, length, distance) for m in (a, b)))
+    return order(*(accuracy_at(results, m, length, distance) for m in (a, b)))
+
+
+def probe_lengths(results: dict) -> list[int]:
+    """The sequence lengths a stored probe was tested at, shortest first."""
+    return sorted({r["length"] for rec in results["methods"].values() for r in rec["eval"]})
+
+
+def far_accuracy(results: dict, methods) -> dict:
+    """``{method: {length: interval}}``: each method's recall accuracy at the farthest
+    distance of every tested length (:func:`accuracy_at`)."""
+    return {m: {n: accuracy_at(results, m, n) for n in probe_lengths(results)} for m in methods}
+
+
+def far_accuracy_table(results: dict, methods, *, digits: int = 2):
+    """Rows and headers of a table: each method's recall accuracy at the farthest distance
+    of every tested length, mean [95 % interval, clipped to [0, 1]] over seeds."""
+    far = far_accuracy(results, methods)
+    lengths = probe_lengths(results)
+    headers = ["method", *(f"{n} tokens, d = {far[methods[0]][n]['distance']}" for n in lengths)]
+    rows = [[m, *(show_interval(far[m][n], digits) for n in lengths)] for m in methods]
+    return rows, headers
 
 
 def plot_probe(results: dict, methods, *, width: float = 12.0, height: float = 3.4):

@@ -178,7 +178,9 @@ CONFIGS = {
     # relbias/lab/results/README.md for the time it takes): twice quick's training length,
     # three times its steps at the same bytes per step (6.1 M bytes, about 2.3 epochs), the
     # validation curve at the training length every 150 steps, and 128 kB of validation
-    # text at every length, drawn across the validation files.
+    # text at every length, drawn across the validation files. Its curves have not levelled
+    # off at 3000 steps; at 15000 (``--steps 15000``, about 71 minutes per seed of all 11
+    # methods on two cores) most have: see the results README.
     "medium": Config(
         name="medium",
         train_len=128,
@@ -998,7 +1000,7 @@ def shade_interval(ax, xs, rows, key: str, color) -> None:
     ax.fill_between(xs, lows, highs, color=color, alpha=0.2, linewidth=0)
 
 
-def _style(name: str, index: int = 0) -> dict:
+def method_style(name: str, index: int = 0) -> dict:
     """A fixed colour per method (tab10 plus black); dashed lines for the baselines.
     Names that are not methods (ablation variants) take the colour of their ``index``."""
     import matplotlib
@@ -1020,7 +1022,7 @@ def plot_extrapolation(results: dict, ax=None):
     ax = ax if ax is not None else _new_axes()
     for i, (name, res) in enumerate(results["methods"].items()):
         lengths = [r["length"] for r in res["eval"]]
-        style = _style(name, i)
+        style = method_style(name, i)
         ax.plot(lengths, [r["bpb"] for r in res["eval"]], label=name, **style)
         shade_interval(ax, lengths, res["eval"], "bpb", style["color"])
     ax.axvline(results["provenance"]["config"]["train_len"], color="grey", lw=0.8)
@@ -1046,7 +1048,7 @@ def plot_val_curves(results: dict, ax=None):
     method and seed (``config.val_every``): shows whether training levelled off."""
     ax = ax if ax is not None else _new_axes()
     for i, (name, res) in enumerate(results["methods"].items()):
-        style = _style(name, i)
+        style = method_style(name, i)
         for k, curve in enumerate(_val_curves(res)):
             ax.plot(
                 [p["step"] for p in curve],
@@ -1069,7 +1071,7 @@ def plot_loss_by_position(results: dict, factor: int | None = None, ax=None, *, 
         rows = res["eval"]
         row = rows[-1] if factor is None else next(r for r in rows if r["factor"] == factor)
         y = np.convolve(row["loss_by_position"], np.ones(window) / window, mode="valid")
-        style = _style(name, i)
+        style = method_style(name, i)
         ax.plot(
             np.arange(len(y)) + window - 1,
             y,
@@ -1090,7 +1092,7 @@ def plot_retrieval(results: dict, length: int | None = None, ax=None):
     ax = ax if ax is not None else _new_axes()
     for i, (name, res) in enumerate(results["methods"].items()):
         rows = [r for r in res["eval"] if length is None or r["length"] == length]
-        style = _style(name, i)
+        style = method_style(name, i)
         distances = [r["distance"] for r in rows]
         ax.plot(distances, [r["accuracy"] for r in rows], label=name, **style)
         shade_interval(ax, distances, rows, "accuracy", style["color"])

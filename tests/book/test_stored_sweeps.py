@@ -74,6 +74,10 @@ def test_compare_claims_an_order_only_where_the_intervals_separate():
     assert stored.compare(res, "noisy", "high", 1) == "overlapping"
     assert stored.relation(res, "low", "high", 1) == "lies below"
     assert stored.relation(res, "noisy", "high", 1) == "overlaps"
+    other = _results({"low": [[3.0, 3.0, 3.0], [3.01, 3.0, 3.0], [2.99, 3.0, 3.0]]})
+    assert stored.order(stored.at_factor(res, "low", 1), stored.at_factor(other, "low", 1)) == (
+        "lower"
+    )
 
 
 def test_compare_agrees_with_the_intervals_over_random_sweeps():
@@ -159,6 +163,11 @@ def test_accuracy_table_clips_the_interval_to_probabilities():
         stored.accuracy_at(res, "alibi", 64, 5)
     with pytest.raises(ValueError, match="length 128"):
         stored.accuracy_table(res, ["alibi"], 128)
+    assert stored.probe_lengths(res) == [64]
+    rows, headers = stored.far_accuracy_table(res, ["alibi"])
+    assert headers == ["method", "64 tokens, d = 9"]
+    assert rows == [["alibi", stored.show_interval(far)]]
+    assert stored.far_accuracy(res, ["alibi"]) == {"alibi": {64: far}}
 
 
 def test_bad_input_is_named():
@@ -193,6 +202,7 @@ def test_combine_joins_sweeps_of_one_configuration_only():
     b = _results({"b": [[2.0, 2.0, 2.0]] * 3})
     both = stored.combine(a, b)
     assert list(both["methods"]) == ["a", "b"] and len(both["combined"]) == 2
+    assert [part["wall_s"] for part in both["combined"]] == [600.0, 600.0]
     other = {**b, "provenance": {**b["provenance"], "config": {"train_len": 32, "steps": 1}}}
     with pytest.raises(ValueError, match="different configurations"):
         stored.combine(a, other)
@@ -256,3 +266,74 @@ def test_combine_joins_a_variant_with_more_seeds_only_when_asked():
     both = stored.combine(three, six, same_seeds=False)
     assert both["seeds"] == list(range(6))
     assert stored.seed_count(both, "a") == 3 and stored.seed_count(both, "b") == 6
+
+
+def test_join_parts_combines_a_split_sitting_and_pools_later_seeds():
+    rows = [[1.0, 1.1, 1.2], [1.2, 1.3, 1.1], [1.1, 1.0, 1.3]]
+    first_a = _results({"a": rows[:2]})
+    first_b = _results({"b": rows[:2]})
+    later_a = _results({"a": rows[2:]}, 2)
+    later_b = _results({"b": rows[2:]}, 2)
+    joined = stored.join_parts([first_a, first_b, later_a, later_b])
+    assert list(joined["methods"]) == ["a", "b"] and joined["seeds"] == [0, 1, 2]
+    whole = _results({"a": rows, "b": rows})
+    for m in ("a", "b"):
+        for f in FACTORS:
+            assert stored.at_factor(joined, m, f) == pytest.approx(stored.at_factor(whole, m, f))
+    assert stored.join_parts([first_a]) is first_a
+    with pytest.raises(ValueError, match="different methods"):
+        stored.join_parts([first_a, first_b, later_a])
+    with pytest.raises(ValueError, match="at least one"):
+        stored.join_parts([])
+
+
+def _longer(results, steps):
+    config = {**results["provenance"]["config"], "steps": steps}
+    return {**results, "provenance": {**results["provenance"], "config": config}}
+
+
+def test_longer_training_compares_the_shared_seeds_of_one_configuration():
+    short = _results({"a": [[2.0, 2.2, 2.4], [2.2, 2.4, 2.6]], "b": [[3.0, 3.0, 3.0]] * 2})
+    longer = _longer(_results({"a": [[1.5, 1.6, 1.7]], "b": [[2.5, 2.5, 2.5]]}), 5000)
+    out = stored.longer_training(short, longer, ["a", "b"])
+    assert out["steps"] == [1000, 5000] and out["seeds"] == [0] and out["end"] == 4
+    a = out["methods"]["a"]
+    assert (a["short_1x"], a["longer_1x"], a["short_end"], a["longer_end"]) == (
+        2.0,
+        1.5,
+        2.4,
+        1.7,
+    )
+    # the test curves fall 0.2 bits over their last fifth: not levelled
+    assert a["levelled"] == 0 and a["drop"] == pytest.approx(0.25)
+    fig = stored.plot_longer_training(short, longer, [["a"], ["b"]])
+    assert len(fig.axes) == 2 and len(fig.axes[0].get_lines()) == 2
+    with pytest.raises(ValueError, match="more steps"):
+        stored.longer_training(longer, short, ["a"])
+    wider = {**longer, "provenance": {"config": {"train_len": 32, "steps": 5000}}}
+    with pytest.raises(ValueError, match=r"differ in \['steps', 'train_len'\]"):
+        stored.longer_training(short, wider, ["a"])
+    with pytest.raises(ValueError, match="share no seed"):
+        stored.longer_training(short, _longer(_results({"a": [[1.0] * 3]}, 7), 5000), ["a"])
+
+
+@pytest.mark.parametrize("kind", list(stored.STORED))
+def test_every_stored_kind_loads_as_one_multi_seed_sweep(kind):
+    results = stored.load(kind)
+    assert results["kind"] in ("extrapolation", "retrieval", "ablation")
+    assert results["seeds"] and results["methods"]
+    for record in results["methods"].values():
+        assert sorted(map(int, record["seeds"])) == sorted(map(int, results["seeds"]))
+
+
+def test_far_penalty_reads_the_learned_tables_of_every_seed():
+    res = _results({"t": [[1.0, 1.0, 1.0]] * 2})
+    tables = [[[0.0, 1.0, -2.0], [0.0, -1.0, -0.5]], [[2.0, 0.0, -3.0], [0.0, 0.0, 0.0]]]
+    for rec, values in zip(res["methods"]["t"]["seeds"].values(), tables):
+        rec["learned_bias"] = {"values": values}
+    out = stored.far_penalty(res, "t")
+    # seed 0: (-2 - 1 + -0.5 - 0) / 2 = -1.75; seed 1: (-3 - 2 + 0 - 0) / 2 = -2.5
+    assert out["mean"] == pytest.approx(-2.125) and out["n"] == 2
+    assert out["lowest_far"] == 3 and out["heads"] == 4 and out["offset"] == 2
+    with pytest.raises(ValueError, match="no learned-bias read-back"):
+        stored.far_penalty(_results({"h": [[1.0, 1.0, 1.0]] * 2}), "h")
