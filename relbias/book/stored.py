@@ -73,16 +73,16 @@ STORED = {
     "offset": "ablation_offset_medium",
     # the forget gate (issue 17), swept later with the same configuration and seeds
     "forgetting_extrapolation": "extrapolation_medium_forgetting",
-    # the medium sweep trained five times as long (--steps 15000), one seed per sitting,
-    # each sitting run as two processes of different methods (joined by ``load``)
+    # the medium sweep trained five times as long (--steps 15000), each sitting run as two
+    # processes of different methods (joined by ``load``): seed 0 of every method, T5's
+    # seeds 1 and 2 (one process each), then seeds 1 and 2 of the six other bias families
     "extrapolation_15000": (
         "extrapolation_medium_steps15000_a",
         "extrapolation_medium_steps15000_b",
-    ),
-    # T5 trained as long with seeds 1 and 2 (one process each), beside seed 0 above
-    "extrapolation_15000_t5_more_seeds": (
         "extrapolation_medium_steps15000_t5_seed1",
         "extrapolation_medium_steps15000_t5_seed2",
+        "extrapolation_medium_steps15000_seeds12_a",
+        "extrapolation_medium_steps15000_seeds12_b",
     ),
     # the forget gate on the probe, started at b = 0 (the reference) and at b = 5
     # (f = 0.993): seeds 0-2 first, seeds 3-5 added later (pooled by ``load``)
@@ -97,10 +97,8 @@ STORED = {
 def load(kind: str = "extrapolation") -> dict:
     """The stored sweep of ``kind`` (one of :data:`STORED`'s keys), read from the library.
 
-    A kind stored in several files comes as one sweep: files of the same seeds and other
-    methods (one sitting split over processes) are joined (:func:`combine`), and those
-    groups, each of other seeds (runs of more seeds, added later), are pooled
-    (:func:`pool_seeds`)."""
+    A kind stored in several files comes as one sweep (:func:`join_parts`): each method
+    summarised over every seed any file holds of it."""
     if kind not in STORED:
         raise ValueError(f"kind must be one of {list(STORED)}, got {kind!r}")
     names = STORED[kind] if isinstance(STORED[kind], tuple) else (STORED[kind],)
@@ -114,58 +112,70 @@ def load(kind: str = "extrapolation") -> dict:
 
 
 def join_parts(parts) -> dict:
-    """One sweep from the files of one kind: those of the same seeds are joined by method
-    (:func:`combine`, in the order given), then the groups of different seeds pooled
-    (:func:`pool_seeds`)."""
+    """One sweep from the files of one kind, each a sitting of some methods and seeds
+    (one sitting split over processes, later seeds added, more seeds for some methods):
+    every method's per-seed records are gathered from all the files that hold it and its
+    summary (mean and interval per length) recomputed over them. Methods keep the order in
+    which they first appear and may stand on different seeds (:func:`seed_count`);
+    ``"seeds"`` is the union and ``"parts"`` lists each file's commit, command, time, wall
+    time, seeds and methods. A method given the same seed twice is refused."""
     if not parts:
         raise ValueError("parts must hold at least one sweep")
-    groups: dict[tuple, list] = {}
-    for results in parts:
-        groups.setdefault(tuple(results["seeds"]), []).append(results)
-    joined = [combine(*group) if len(group) > 1 else group[0] for group in groups.values()]
-    return pool_seeds(*joined) if len(joined) > 1 else joined[0]
-
-
-def pool_seeds(first: dict, *more: dict) -> dict:
-    """One sweep from runs of the same methods, configuration and variant with different
-    seeds: every method's summary (mean and interval per length) recomputed over all the
-    seeds, from the per-seed records the files keep; ``"pooled"`` lists each file's
-    commit, command and seeds."""
+    if len(parts) == 1:
+        return parts[0]
+    first = parts[0]
     summarize = {"extrapolation": summarize_extrapolation, "retrieval": summarize_retrieval}
     if first.get("kind") not in summarize:
-        raise ValueError(f"can pool extrapolation or retrieval sweeps, got {first.get('kind')!r}")
-    for other in more:
+        raise ValueError(f"can join extrapolation or retrieval sweeps, got {first.get('kind')!r}")
+    for other in parts[1:]:
         for key in ("kind", "model_kwargs"):
             if other.get(key) != first.get(key):
                 raise ValueError(f"the runs differ in {key}: {first.get(key)} and {other.get(key)}")
         if other["provenance"]["config"] != first["provenance"]["config"]:
             raise ValueError("the runs were made with different configurations")
+    per_method: dict[str, dict] = {}
+    for results in parts:
+        for m, record in results["methods"].items():
+            gathered = per_method.setdefault(m, {})
+            twice = sorted(int(s) for s in record["seeds"] if int(s) in gathered)
+            if twice:
+                raise ValueError(f"method {m!r} holds seeds {twice} in more than one file")
+            gathered.update({int(s): rec for s, rec in record["seeds"].items()})
+    methods = {
+        m: summarize[first["kind"]]({s: recs[s] for s in sorted(recs)})
+        for m, recs in per_method.items()
+    }
+    keys = ("commit", "command", "created_utc", "wall_s")
+    sources = [
+        {
+            **{k: r["provenance"].get(k) for k in keys},
+            "seeds": r["seeds"],
+            "methods": list(r["methods"]),
+        }
+        for r in parts
+    ]
+    wall_s = sum(part["wall_s"] or 0 for part in sources)
+    return {
+        **first,
+        "methods": methods,
+        "seeds": sorted({int(s) for r in parts for s in r["seeds"]}),
+        "provenance": {**first["provenance"], "wall_s": wall_s},
+        "parts": sources,
+    }
+
+
+def pool_seeds(first: dict, *more: dict) -> dict:
+    """One sweep from runs of the same methods, configuration and variant with different
+    seeds (:func:`join_parts` where every file holds every method): each method's summary
+    recomputed over all the seeds, ``"parts"`` listing each file's commit, command and
+    seeds."""
+    for other in more:
         if list(other["methods"]) != list(first["methods"]):
             raise ValueError("the runs hold different methods")
     seeds = [s for r in (first, *more) for s in r["seeds"]]
     if len(set(seeds)) != len(seeds):
         raise ValueError(f"the runs share seeds: {seeds}")
-    methods = {}
-    for m in first["methods"]:
-        per_seed = {
-            int(s): rec for r in (first, *more) for s, rec in r["methods"][m]["seeds"].items()
-        }
-        methods[m] = summarize[first["kind"]]({s: per_seed[s] for s in sorted(per_seed)})
-    wall_s = sum(r["provenance"].get("wall_s") or 0 for r in (first, *more))
-    pooled = [
-        {
-            **{k: r["provenance"].get(k) for k in ("commit", "command", "created_utc")},
-            "seeds": r["seeds"],
-        }
-        for r in (first, *more)
-    ]
-    return {
-        **first,
-        "methods": methods,
-        "seeds": sorted(seeds),
-        "provenance": {**first["provenance"], "wall_s": wall_s},
-        "pooled": pooled,
-    }
+    return join_parts([first, *more])
 
 
 def combine(first: dict, *more: dict, same_seeds: bool = True) -> dict:
@@ -273,11 +283,22 @@ def far_penalty(results: dict, method: str) -> dict:
 
 
 def only(results: dict, methods) -> dict:
-    """``results`` with only ``methods`` (in that order), for the tables and figures."""
+    """``results`` with only ``methods`` (in that order), for the tables and figures;
+    ``"seeds"`` becomes the seeds those methods stand on and ``"parts"`` (of a joined
+    sweep) the files that hold them, whose wall times make the provenance's."""
     missing = [m for m in methods if m not in results["methods"]]
     if missing:
         raise ValueError(f"methods {missing} are not in the results: {list(results['methods'])}")
-    return {**results, "methods": {m: results["methods"][m] for m in methods}}
+    chosen = {m: results["methods"][m] for m in methods}
+    out = {**results, "methods": chosen}
+    seeds = sorted({int(s) for rec in chosen.values() for s in rec.get("seeds", {})})
+    if seeds:
+        out["seeds"] = seeds
+    if "parts" in results:
+        out["parts"] = [p for p in results["parts"] if set(p["methods"]) & set(methods)]
+        wall_s = sum(p["wall_s"] or 0 for p in out["parts"])
+        out["provenance"] = {**results["provenance"], "wall_s": wall_s}
+    return out
 
 
 def _row(record: dict, factor: int) -> dict:
@@ -294,7 +315,10 @@ def at_factor(results: dict, method: str, factor: int) -> dict:
 
 
 def show_interval(iv: dict, digits: int = 2) -> str:
-    """``mean [low, high]`` with ``digits`` decimals."""
+    """``mean [low, high]`` with ``digits`` decimals; ``mean (one seed)`` where one seed
+    leaves no interval."""
+    if math.isnan(iv["low"]) or math.isnan(iv["high"]):
+        return f"{iv['mean']:.{digits}f} (one seed)"
     return f"{iv['mean']:.{digits}f} [{iv['low']:.{digits}f}, {iv['high']:.{digits}f}]"
 
 
@@ -333,9 +357,11 @@ def relation(results: dict, a: str, b: str, factor: int) -> str:
     return RELATION[compare(results, a, b, factor)]
 
 
-def _per_seed_bpb(results: dict, method: str, factor: int) -> list[float]:
-    seeds = results["methods"][method]["seeds"]
-    return [_row(seeds[s], factor)["bpb"] for s in sorted(seeds, key=int)]
+def _per_seed_bpb(results: dict, method: str, factor: int, seeds=None) -> list[float]:
+    """``method``'s bits per byte at ``factor`` x, one per seed (all, or ``seeds``)."""
+    records = results["methods"][method]["seeds"]
+    chosen = sorted(records, key=int) if seeds is None else [str(s) for s in seeds]
+    return [_row(records[s], factor)["bpb"] for s in chosen]
 
 
 def trend(results: dict, method: str, *, start: int = 1, end: int | None = None) -> dict:
@@ -343,12 +369,15 @@ def trend(results: dict, method: str, *, start: int = 1, end: int | None = None)
     longest) the training length, over seeds: the interval of the per-seed change
     (``mean``, ``low``, ``high``) and the ``verdict``: ``"degrades"`` (the whole interval
     above 0), ``"improves"`` (below 0) or ``"neither degrades nor improves beyond the
-    interval"``."""
+    interval"``; with one seed there is no interval and the verdict is ``"one seed, no
+    verdict"``."""
     end = end or max(row["factor"] for row in results["methods"][method]["eval"])
     first = _per_seed_bpb(results, method, start)
     last = _per_seed_bpb(results, method, end)
     change = interval([b - a for a, b in zip(first, last)])
-    if change["low"] > 0:
+    if change["n"] < 2:
+        verdict = "one seed, no verdict"
+    elif change["low"] > 0:
         verdict = "degrades"
     elif change["high"] < 0:
         verdict = "improves"
@@ -393,13 +422,25 @@ def spread_by_step(results: dict, methods) -> list[dict]:
     return rows
 
 
+def _shared_seeds(short: dict, longer: dict, method: str) -> list[int]:
+    """The seeds of ``method`` that both runs hold."""
+    held = [set(map(int, r["methods"][method]["seeds"])) for r in (short, longer)]
+    seeds = sorted(held[0] & held[1])
+    if not seeds:
+        raise ValueError(
+            f"the runs share no seed of {method}: {sorted(held[0])} and {sorted(held[1])}"
+        )
+    return seeds
+
+
 def longer_training(short: dict, longer: dict, methods) -> dict:
     """The same methods trained ``short`` and ``longer`` (more steps, otherwise the same
-    configuration), compared on the seeds both hold: per method, the mean bits per byte
-    at the training length and at the longest length after each (``short_1x``,
-    ``longer_1x``, ``short_end``, ``longer_end``), the longer run's largest fall over its
-    last fifth (``drop``) and how many of its seeds levelled off (:func:`levelled`).
-    ``"steps"`` gives both step counts and ``"seeds"`` the seeds compared."""
+    configuration), compared per method on the seeds both runs hold of it (``seeds``):
+    bits per byte at the training length and at the longest length after each
+    (``short_1x``, ``longer_1x``, ``short_end``, ``longer_end``: mean and 95 % interval
+    over those seeds, no interval for one seed); the longer run's largest fall over the
+    last fifth of training (``drop``), how many of its seeds levelled off (``levelled``,
+    :func:`levelled`) of how many (``runs``). ``"steps"`` gives both step counts."""
     configs = [r["provenance"]["config"] for r in (short, longer)]
     differ = sorted(
         k for k in {**configs[0], **configs[1]} if configs[0].get(k) != configs[1].get(k)
@@ -409,47 +450,40 @@ def longer_training(short: dict, longer: dict, methods) -> dict:
             "longer must be short's configuration with more steps; they differ in "
             f"{differ} (steps {configs[0]['steps']} and {configs[1]['steps']})"
         )
-    seeds = sorted(set(map(int, short["seeds"])) & set(map(int, longer["seeds"])))
-    if not seeds:
-        raise ValueError(f"the sweeps share no seed: {short['seeds']} and {longer['seeds']}")
     end = max(row["factor"] for row in short["methods"][methods[0]]["eval"])
-
-    def mean_at(results, m, factor):
-        per_seed = results["methods"][m]["seeds"]
-        values = [_row(per_seed[str(s)], factor)["bpb"] for s in seeds]
-        return sum(values) / len(values)
-
     rows = {}
     for m in methods:
+        seeds = _shared_seeds(short, longer, m)
         lev = levelled(only(longer, [m]), m)
         rows[m] = {
-            "short_1x": mean_at(short, m, 1),
-            "longer_1x": mean_at(longer, m, 1),
-            "short_end": mean_at(short, m, end),
-            "longer_end": mean_at(longer, m, end),
+            "seeds": seeds,
             "drop": lev["largest_drop"],
             "levelled": lev["levelled"],
+            "runs": lev["seeds"],
         }
-    return {"steps": [c["steps"] for c in configs], "seeds": seeds, "end": end, "methods": rows}
+        for name, results in (("short", short), ("longer", longer)):
+            for at, factor in (("1x", 1), ("end", end)):
+                rows[m][f"{name}_{at}"] = interval(_per_seed_bpb(results, m, factor, seeds))
+    return {"steps": [c["steps"] for c in configs], "end": end, "methods": rows}
 
 
 def plot_longer_training(short: dict, longer: dict, groups, *, width: float = 11.0):
-    """The validation curves at the training length of the seeds both runs hold: the
-    longer run solid, the shorter dotted, one panel per group of methods."""
-    seeds = {str(s) for s in longer_training(short, longer, groups[0])["seeds"]}
+    """The validation curves at the training length, each the mean over the seeds both runs
+    hold of the method: the longer run solid, the shorter dotted, one panel per group of
+    methods (a legend entry gives the number of seeds)."""
     fig, axes = figure(width, 3.6, ncols=len(groups))
     for ax, methods in zip(getattr(axes, "flat", [axes]), groups):
         for i, m in enumerate(methods):
+            seeds = [str(s) for s in _shared_seeds(short, longer, m)]
             color = method_style(m, i)["color"]
-            for results, style, label in ((longer, "-", m), (short, ":", None)):
-                for s, rec in results["methods"][m]["seeds"].items():
-                    if s in seeds:
-                        curve = rec["train"]["val_curve"]
-                        xs, ys = [p["step"] for p in curve], [p["bpb"] for p in curve]
-                        ax.plot(xs, ys, style, color=color, lw=1, label=label)
-                        label = None
+            for results, style in ((longer, "-"), (short, ":")):
+                curves = [results["methods"][m]["seeds"][s]["train"]["val_curve"] for s in seeds]
+                xs = [p["step"] for p in curves[0]]
+                ys = [sum(c[j]["bpb"] for c in curves) / len(curves) for j in range(len(xs))]
+                label = f"{m} ({len(seeds)} seed{'s' if len(seeds) > 1 else ''})"
+                ax.plot(xs, ys, style, color=color, lw=1, label=label if style == "-" else None)
         ax.set_xlabel("training step (dotted: the stored medium run)")
-        ax.set_ylabel("validation bits per byte at 1x")
+        ax.set_ylabel("validation bits per byte at 1x, mean over seeds")
         ax.legend(fontsize=7, ncol=2)
         _zoom_on_late_steps(ax)
     return fig
@@ -458,14 +492,20 @@ def plot_longer_training(short: dict, longer: dict, groups, *, width: float = 11
 def describe(results: dict) -> dict:
     """What a sweep read and where it came from, for the prose: ``seeds``, ``steps``,
     ``train_len``, ``eval_kb`` (validation kB at every length), ``files`` (the fewest
-    validation files any length touched), ``commit`` and ``wall_min``."""
+    validation files any length touched), ``commit`` (every commit of a joined sweep's
+    parts) and ``wall_min``."""
     config = results["provenance"]["config"]
     rows = next(iter(results["methods"].values()))["eval"]
     info = {
         "seeds": len(results["seeds"]),
         "steps": config["steps"],
         "train_len": config["train_len"],
-        "commit": (results["provenance"].get("commit") or "unknown")[:7],
+        "commit": ", ".join(
+            dict.fromkeys(
+                (p.get("commit") or "unknown")[:7]
+                for p in results.get("parts", [results["provenance"]])
+            )
+        ),
         "wall_min": round((results["provenance"].get("wall_s") or 0) / 60),
     }
     if results["kind"] in ("extrapolation", "ablation"):
