@@ -61,6 +61,7 @@ __all__ = [
     "seed_count",
     "show_interval",
     "spread_by_step",
+    "spread_of",
     "trend",
 ]
 
@@ -422,6 +423,28 @@ def spread_by_step(results: dict, methods) -> list[dict]:
     return rows
 
 
+def spread_of(intervals: dict) -> dict:
+    """How far apart methods are, from one interval each (``{method: interval}``, e.g.
+    their bits per byte at one length): ``highest`` and ``lowest`` (by mean), ``spread``
+    (the difference of those means), ``rest_spread`` (the spread without the highest),
+    ``apart`` (the pairs, in the given order, whose intervals separate: :func:`order`)
+    and ``pairs`` (how many pairs there are)."""
+    if len(intervals) < 2:
+        raise ValueError(f"intervals must hold at least two methods, got {list(intervals)}")
+    names = list(intervals)
+    by_mean = sorted(names, key=lambda m: intervals[m]["mean"])
+    rest = [intervals[m]["mean"] for m in by_mean[:-1]]
+    pairs = [(a, b) for i, a in enumerate(names) for b in names[i + 1 :]]
+    return {
+        "highest": by_mean[-1],
+        "lowest": by_mean[0],
+        "spread": intervals[by_mean[-1]]["mean"] - intervals[by_mean[0]]["mean"],
+        "rest_spread": max(rest) - min(rest),
+        "apart": [(a, b) for a, b in pairs if order(intervals[a], intervals[b]) != "overlapping"],
+        "pairs": len(pairs),
+    }
+
+
 def _shared_seeds(short: dict, longer: dict, method: str) -> list[int]:
     """The seeds of ``method`` that both runs hold."""
     held = [set(map(int, r["methods"][method]["seeds"])) for r in (short, longer)]
@@ -454,7 +477,7 @@ def longer_training(short: dict, longer: dict, methods) -> dict:
     rows = {}
     for m in methods:
         seeds = _shared_seeds(short, longer, m)
-        lev = levelled(only(longer, [m]), m)
+        lev = levelled(longer, m)
         rows[m] = {
             "seeds": seeds,
             "drop": lev["largest_drop"],
@@ -476,11 +499,11 @@ def plot_longer_training(short: dict, longer: dict, groups, *, width: float = 11
         for i, m in enumerate(methods):
             seeds = [str(s) for s in _shared_seeds(short, longer, m)]
             color = method_style(m, i)["color"]
+            label = f"{m} ({len(seeds)} seed{'s' if len(seeds) > 1 else ''})"
             for results, style in ((longer, "-"), (short, ":")):
                 curves = [results["methods"][m]["seeds"][s]["train"]["val_curve"] for s in seeds]
                 xs = [p["step"] for p in curves[0]]
                 ys = [sum(c[j]["bpb"] for c in curves) / len(curves) for j in range(len(xs))]
-                label = f"{m} ({len(seeds)} seed{'s' if len(seeds) > 1 else ''})"
                 ax.plot(xs, ys, style, color=color, lw=1, label=label if style == "-" else None)
         ax.set_xlabel("training step (dotted: the stored medium run)")
         ax.set_ylabel("validation bits per byte at 1x, mean over seeds")

@@ -386,3 +386,19 @@ def test_far_penalty_reads_the_learned_tables_of_every_seed():
     assert out["lowest_far"] == 3 and out["heads"] == 4 and out["offset"] == 2
     with pytest.raises(ValueError, match="no learned-bias read-back"):
         stored.far_penalty(_results({"h": [[1.0, 1.0, 1.0]] * 2}), "h")
+
+
+def test_spread_of_gives_the_extremes_and_the_pairs_that_separate():
+    ivs = {
+        "a": {"mean": 2.0, "low": 1.9, "high": 2.1},
+        "b": {"mean": 1.5, "low": 1.4, "high": 1.6},
+        "c": {"mean": 1.55, "low": 1.45, "high": 1.65},
+    }
+    out = stored.spread_of(ivs)
+    assert (out["highest"], out["lowest"]) == ("a", "b")
+    assert out["spread"] == pytest.approx(0.5) and out["rest_spread"] == pytest.approx(0.05)
+    assert out["apart"] == [("a", "b"), ("a", "c")] and out["pairs"] == 3
+    one_seed = {"mean": 1.0, "low": math.nan, "high": math.nan}
+    assert stored.spread_of({"a": ivs["a"], "d": one_seed})["apart"] == []
+    with pytest.raises(ValueError, match="at least two methods"):
+        stored.spread_of({"a": ivs["a"]})
