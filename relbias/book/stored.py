@@ -43,12 +43,14 @@ __all__ = [
     "far_accuracy",
     "far_accuracy_table",
     "far_penalty",
+    "gap_by_step",
     "glue_sweep",
     "gate_summary",
     "join_parts",
     "levelled",
     "longer_training",
     "load",
+    "nearest_step",
     "only",
     "order",
     "plot_longer_training",
@@ -76,7 +78,8 @@ STORED = {
     "forgetting_extrapolation": "extrapolation_medium_forgetting",
     # the medium sweep trained five times as long (--steps 15000), each sitting run as two
     # processes of different methods (joined by ``load``): seed 0 of every method, T5's
-    # seeds 1 and 2 (one process each), then seeds 1 and 2 of the six other bias families
+    # seeds 1 and 2 (one process each), then seeds 1 and 2 of the six other bias families,
+    # then seeds 1 and 2 of the four baselines
     "extrapolation_15000": (
         "extrapolation_medium_steps15000_a",
         "extrapolation_medium_steps15000_b",
@@ -84,6 +87,8 @@ STORED = {
         "extrapolation_medium_steps15000_t5_seed2",
         "extrapolation_medium_steps15000_seeds12_a",
         "extrapolation_medium_steps15000_seeds12_b",
+        "extrapolation_medium_steps15000_seeds12_c",
+        "extrapolation_medium_steps15000_seeds12_d",
     ),
     # the forget gate on the probe, started at b = 0 (the reference) and at b = 5
     # (f = 0.993): seeds 0-2 first, seeds 3-5 added later (pooled by ``load``)
@@ -146,21 +151,36 @@ def join_parts(parts) -> dict:
         m: summarize[first["kind"]]({s: recs[s] for s in sorted(recs)})
         for m, recs in per_method.items()
     }
+    return _with_parts(first, methods, parts)
+
+
+def _parts_of(results: dict) -> list[dict]:
+    """Where each file behind ``results`` came from: its commit, command, time, wall time,
+    seeds and methods (a joined sweep's own ``"parts"``)."""
+    if "parts" in results:
+        return results["parts"]
     keys = ("commit", "command", "created_utc", "wall_s")
-    sources = [
+    return [
         {
-            **{k: r["provenance"].get(k) for k in keys},
-            "seeds": r["seeds"],
-            "methods": list(r["methods"]),
+            **{k: results["provenance"].get(k) for k in keys},
+            "seeds": results["seeds"],
+            "methods": list(results["methods"]),
         }
-        for r in parts
     ]
-    wall_s = sum(part["wall_s"] or 0 for part in sources)
+
+
+def _with_parts(first: dict, methods: dict, sweeps) -> dict:
+    """``first`` holding ``methods``, with the seeds, ``"parts"`` and summed wall time of
+    all ``sweeps``."""
+    sources = [part for r in sweeps for part in _parts_of(r)]
     return {
         **first,
         "methods": methods,
-        "seeds": sorted({int(s) for r in parts for s in r["seeds"]}),
-        "provenance": {**first["provenance"], "wall_s": wall_s},
+        "seeds": sorted({int(s) for r in sweeps for s in r["seeds"]}),
+        "provenance": {
+            **first["provenance"],
+            "wall_s": sum(part["wall_s"] or 0 for part in sources),
+        },
         "parts": sources,
     }
 
@@ -181,9 +201,9 @@ def pool_seeds(first: dict, *more: dict) -> dict:
 
 def combine(first: dict, *more: dict, same_seeds: bool = True) -> dict:
     """One sweep holding the methods of several stored sweeps of the same kind,
-    configuration and seeds (e.g. the forget gate's, run later, with the others'): the
-    first's provenance, and ``"combined"`` listing every file's commit, command, time and
-    wall time.
+    configuration and seeds (e.g. the forget gate's, run later, with the others'), each
+    method's summary as its sweep gives it; ``"parts"`` lists every file as
+    :func:`join_parts` does.
 
     ``same_seeds=False`` joins sweeps run with different seeds (a variant given more
     seeds): each method keeps its own interval, ``"seeds"`` becomes the union, and
@@ -205,12 +225,7 @@ def combine(first: dict, *more: dict, same_seeds: bool = True) -> dict:
                 "(stored.renamed)"
             )
         methods.update(results["methods"])
-    sources = [
-        {k: r["provenance"].get(k) for k in ("commit", "command", "created_utc", "wall_s")}
-        for r in (first, *more)
-    ]
-    seeds = sorted({s for r in (first, *more) for s in r["seeds"]})
-    return {**first, "methods": methods, "seeds": seeds, "combined": sources}
+    return _with_parts(first, methods, (first, *more))
 
 
 def seed_count(results: dict, method: str) -> int:
@@ -225,7 +240,8 @@ def renamed(results: dict, names: dict) -> dict:
     if missing:
         raise ValueError(f"methods {missing} are not in the results: {list(results['methods'])}")
     methods = {names.get(m, m): rec for m, rec in results["methods"].items()}
-    return {**results, "methods": methods}
+    parts = [{**p, "methods": [names.get(m, m) for m in p["methods"]]} for p in _parts_of(results)]
+    return {**results, "methods": methods, "parts": parts}
 
 
 def gate_summary(results: dict, method: str) -> dict:
@@ -423,6 +439,25 @@ def spread_by_step(results: dict, methods) -> list[dict]:
     return rows
 
 
+def gap_by_step(results: dict, method: str, others) -> dict:
+    """``{step: gap}``: along the validation curves at the training length, ``method``'s
+    mean over seeds minus the mean of ``others``' means (:func:`spread_by_step`), e.g.
+    whether one method's deficit is still closing when training ends."""
+    others = [m for m in others if m != method]
+    if not others:
+        raise ValueError(f"others must hold a method besides {method!r}")
+    rows = spread_by_step(results, [method, *others])
+    return {
+        r["step"]: r["means"][method] - sum(r["means"][m] for m in others) / len(others)
+        for r in rows
+    }
+
+
+def nearest_step(by_step: dict, step: int) -> int:
+    """The key of ``by_step`` (training steps) nearest to ``step``."""
+    return min(by_step, key=lambda s: abs(s - step))
+
+
 def spread_of(intervals: dict) -> dict:
     """How far apart methods are, from one interval each (``{method: interval}``, e.g.
     their bits per byte at one length): ``highest`` and ``lowest`` (by mean), ``spread``
@@ -493,8 +528,8 @@ def longer_training(short: dict, longer: dict, methods) -> dict:
 def plot_longer_training(short: dict, longer: dict, groups, *, width: float = 11.0):
     """The validation curves at the training length, each the mean over the seeds both runs
     hold of the method: the longer run solid, the shorter dotted, one panel per group of
-    methods (a legend entry gives the number of seeds)."""
-    fig, axes = figure(width, 3.6, ncols=len(groups))
+    methods (a legend entry, below the panel, gives the number of seeds)."""
+    fig, axes = figure(width, 4.4, ncols=len(groups))
     for ax, methods in zip(getattr(axes, "flat", [axes]), groups):
         for i, m in enumerate(methods):
             seeds = [str(s) for s in _shared_seeds(short, longer, m)]
@@ -506,8 +541,8 @@ def plot_longer_training(short: dict, longer: dict, groups, *, width: float = 11
                 ys = [sum(c[j]["bpb"] for c in curves) / len(curves) for j in range(len(xs))]
                 ax.plot(xs, ys, style, color=color, lw=1, label=label if style == "-" else None)
         ax.set_xlabel("training step (dotted: the stored medium run)")
-        ax.set_ylabel("validation bits per byte at 1x, mean over seeds")
-        ax.legend(fontsize=7, ncol=2)
+        ax.set_ylabel("validation bits per byte at 1x,\nmean over seeds")
+        ax.legend(fontsize=7, ncol=3, loc="upper center", bbox_to_anchor=(0.5, -0.16))
         _zoom_on_late_steps(ax)
     return fig
 
@@ -616,11 +651,14 @@ def far_accuracy(results: dict, methods) -> dict:
     return {m: {n: accuracy_at(results, m, n) for n in probe_lengths(results)} for m in methods}
 
 
-def far_accuracy_table(results: dict, methods, *, digits: int = 2):
-    """Rows and headers of a table: each method's recall accuracy at the farthest distance
-    of every tested length, mean [95 % interval, clipped to [0, 1]] over seeds."""
-    far = far_accuracy(results, methods)
-    lengths = probe_lengths(results)
+def far_accuracy_table(far: dict, *, digits: int = 2):
+    """Rows and headers of a table of :func:`far_accuracy`'s ``far``: each method's recall
+    accuracy at the farthest distance of every tested length, mean [95 % interval,
+    clipped to [0, 1]] over seeds."""
+    if not far:
+        raise ValueError("far must hold at least one method (stored.far_accuracy)")
+    methods = list(far)
+    lengths = list(far[methods[0]])
     headers = ["method", *(f"{n} tokens, d = {far[methods[0]][n]['distance']}" for n in lengths)]
     rows = [[m, *(show_interval(far[m][n], digits) for n in lengths)] for m in methods]
     return rows, headers

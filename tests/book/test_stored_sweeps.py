@@ -164,10 +164,12 @@ def test_accuracy_table_clips_the_interval_to_probabilities():
     with pytest.raises(ValueError, match="length 128"):
         stored.accuracy_table(res, ["alibi"], 128)
     assert stored.probe_lengths(res) == [64]
-    rows, headers = stored.far_accuracy_table(res, ["alibi"])
+    assert stored.far_accuracy(res, ["alibi"]) == {"alibi": {64: far}}
+    rows, headers = stored.far_accuracy_table(stored.far_accuracy(res, ["alibi"]))
     assert headers == ["method", "64 tokens, d = 9"]
     assert rows == [["alibi", stored.show_interval(far)]]
-    assert stored.far_accuracy(res, ["alibi"]) == {"alibi": {64: far}}
+    with pytest.raises(ValueError, match="far must hold at least one method"):
+        stored.far_accuracy_table({})
 
 
 def test_bad_input_is_named():
@@ -191,6 +193,21 @@ def test_spread_by_step_follows_the_validation_curves():
         stored.spread_by_step({"methods": {"a": {"seeds": {"0": {"train": {}}}}}}, ["a"])
 
 
+def test_gap_by_step_follows_one_method_against_the_mean_of_others():
+    # _record's curves are 3.0 - step/1000 + 0.01 * seed; shift method "c" by 0.3
+    res = _results({m: [[1.0, 1.0, 1.0]] * 3 for m in ("a", "b", "c")})
+    for record in res["methods"]["c"]["seeds"].values():
+        for point in record["train"]["val_curve"]:
+            point["bpb"] += 0.3 * (1 - point["step"] / 1000)
+    gap = stored.gap_by_step(res, "c", ["a", "b", "c"])
+    assert list(gap) == [0, 250, 500, 750, 1000]
+    assert [round(g, 6) for g in gap.values()] == [0.3, 0.225, 0.15, 0.075, 0.0]
+    assert stored.gap_by_step(res, "a", ["b"]) == pytest.approx(dict.fromkeys(gap, 0.0))
+    assert stored.nearest_step(gap, 600) == 500 and stored.nearest_step(gap, 5000) == 1000
+    with pytest.raises(ValueError, match="others must hold a method besides 'a'"):
+        stored.gap_by_step(res, "a", ["a"])
+
+
 def test_glue_sweep_returns_what_it_glues():
     res = _results({"a": [[1.0, 1.1, 1.2], [1.1, 1.2, 1.3], [1.2, 1.3, 1.41]]})
     out = stored.glue_sweep("chx", res, ["a"])
@@ -200,9 +217,14 @@ def test_glue_sweep_returns_what_it_glues():
 def test_combine_joins_sweeps_of_one_configuration_only():
     a = _results({"a": [[1.0, 1.0, 1.0]] * 3})
     b = _results({"b": [[2.0, 2.0, 2.0]] * 3})
+    b["provenance"] = {**b["provenance"], "commit": "1234567890"}
     both = stored.combine(a, b)
-    assert list(both["methods"]) == ["a", "b"] and len(both["combined"]) == 2
-    assert [part["wall_s"] for part in both["combined"]] == [600.0, 600.0]
+    assert list(both["methods"]) == ["a", "b"] and both["methods"]["b"] is b["methods"]["b"]
+    # the provenance of every file, as join_parts records it
+    assert [(p["methods"], p["wall_s"]) for p in both["parts"]] == [(["a"], 600.0), (["b"], 600.0)]
+    assert both["provenance"]["wall_s"] == 1200.0
+    assert stored.describe(both)["commit"] == "abcdef0, 1234567"
+    assert stored.describe(stored.only(both, ["b"]))["commit"] == "1234567"
     other = {**b, "provenance": {**b["provenance"], "config": {"train_len": 32, "steps": 1}}}
     with pytest.raises(ValueError, match="different configurations"):
         stored.combine(a, other)
@@ -216,6 +238,12 @@ def test_renamed_puts_a_variant_beside_its_method():
     a = _results({"a": [[1.0, 1.0, 1.0]] * 3})
     both = stored.combine(a, stored.renamed(a, {"a": "a_variant"}))
     assert list(both["methods"]) == ["a", "a_variant"]
+    # the variant's file is found under its new name, also when it is itself joined
+    assert [p["methods"] for p in stored.only(both, ["a_variant"])["parts"]] == [["a_variant"]]
+    joined = stored.join_parts([a, _results({"a": [[1.0, 1.0, 1.0]] * 3}, 3)])
+    variant = stored.combine(a, stored.renamed(joined, {"a": "v"}), same_seeds=False)
+    variant = stored.only(variant, ["v"])
+    assert [p["seeds"] for p in variant["parts"]] == [[0, 1, 2], [3, 4, 5]]
     with pytest.raises(ValueError, match=r"methods \['b'\] are not in the results"):
         stored.renamed(a, {"b": "c"})
 
