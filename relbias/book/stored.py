@@ -187,9 +187,8 @@ def _with_parts(first: dict, methods: dict, sweeps) -> dict:
 
 def pool_seeds(first: dict, *more: dict) -> dict:
     """One sweep from runs of the same methods, configuration and variant with different
-    seeds (:func:`join_parts` where every file holds every method): each method's summary
-    recomputed over all the seeds, ``"parts"`` listing each file's commit, command and
-    seeds."""
+    seeds (:func:`join_parts` where every file holds every method, checked here): each
+    method's summary recomputed over all the seeds, ``"parts"`` listing each file."""
     for other in more:
         if list(other["methods"]) != list(first["methods"]):
             raise ValueError("the runs hold different methods")
