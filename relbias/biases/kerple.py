@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Iterable
 
 import torch
 from torch import nn
 
-from relbias._checks import check_positive_float, compute_dtype
+from relbias._checks import check_bool, check_positive_float, compute_dtype
 from relbias.biases.base import RelativeBias
 
 __all__ = ["KerpleLog", "KerplePower", "project_after_steps"]
@@ -26,16 +27,43 @@ class _Kerple(RelativeBias):
 
     r2_max: float | None = None
 
-    def __init__(self, num_heads, *, eps=1e-2):
+    def __init__(
+        self, num_heads, *, eps=1e-2, r1_init=None, r2_init=None, learn_r1=True, learn_r2=True
+    ):
         super().__init__(num_heads, bidirectional=True)
         self.eps = check_positive_float("eps", eps)
         if self.r2_max is not None and self.eps >= self.r2_max:
             raise ValueError(f"eps must be < {self.r2_max}, got {self.eps}")
         # The reference initialises uniformly: the multiplier-like parameter in (0, 2),
-        # the other in (0, 1); see each subclass.
-        self.r1 = nn.Parameter(self._init_r1())
-        self.r2 = nn.Parameter(self._init_r2())
+        # the other in (0, 1); see each subclass. A given start draws no random numbers.
+        r1 = self._init_r1() if r1_init is None else self._start("r1_init", r1_init, None)
+        r2 = self._init_r2() if r2_init is None else self._start("r2_init", r2_init, self.r2_max)
+        self.r1 = nn.Parameter(r1, requires_grad=check_bool("learn_r1", learn_r1))
+        self.r2 = nn.Parameter(r2, requires_grad=check_bool("learn_r2", learn_r2))
         self.project_()
+
+    def _start(self, name: str, value, maximum: float | None) -> torch.Tensor:
+        """A start value: one number for every head or a sequence of ``num_heads`` numbers,
+        each inside the family's constraint (``>= eps``, and ``<= maximum`` if given)."""
+        values = [value] * self.num_heads if isinstance(value, numbers.Real) else value
+        try:
+            values = [float(v) for v in values]
+        except (TypeError, ValueError):
+            raise TypeError(
+                f"{name} must be a number or a sequence of {self.num_heads} numbers, got {value!r}"
+            ) from None
+        upper = float("inf") if maximum is None else maximum
+        if (
+            len(values) != self.num_heads
+            or isinstance(value, bool)
+            or not all(self.eps <= v <= upper for v in values)
+        ):
+            allowed = f"in [{self.eps}, {maximum}]" if maximum is not None else f">= {self.eps}"
+            raise ValueError(
+                f"{name} must be a number or {self.num_heads} numbers (one per head), each "
+                f"{allowed}, got {value!r}"
+            )
+        return torch.tensor(values, dtype=torch.float32)
 
     @torch.no_grad()
     def project_(self) -> None:
@@ -70,7 +98,10 @@ class KerplePower(_Kerple):
     :math:`r_1, r_2` are learned per head (the book's Table 2.4 calls them
     :math:`\beta_1, \beta_2`). ``r_2 \le 2`` keeps :math:`-|i-j|^{r_2}` a conditionally
     positive definite kernel; :math:`r_2 = 1` is ALiBi with a learned slope.
-    Initialised as the reference: :math:`r_1 \sim U(0,1)`, :math:`r_2 \sim U(0,2)`.
+    Initialised as the reference: :math:`r_1 \sim U(0,1)`, :math:`r_2 \sim U(0,2)`;
+    ``r1_init``/``r2_init`` (a number, or one per head) start elsewhere, and
+    ``learn_r1``/``learn_r2=False`` keep a parameter at its start (``r2_init=1,
+    learn_r2=False`` with ALiBi's slopes as ``r1_init``: ALiBi with learned slopes).
     Chi et al. (2022).
     """
 
@@ -93,7 +124,8 @@ class KerpleLog(_Kerple):
     Constraints: :math:`r_1, r_2 > 0`.
 
     Learned per head. Initialised as the reference: :math:`r_1 \sim U(0,2)`,
-    :math:`r_2 \sim U(0,1)`. (The reference code names the multiplier ``bias_p`` here,
+    :math:`r_2 \sim U(0,1)`; ``r1_init``, ``r2_init``, ``learn_r1``, ``learn_r2`` as in
+    :class:`KerplePower`. (The reference code names the multiplier ``bias_p`` here,
     the name it gives the exponent in the power form.) Chi et al. (2022).
     """
 

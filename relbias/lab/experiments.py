@@ -923,7 +923,10 @@ def _add_seed_and_checkpoint_options(p) -> None:
 def _add_ablation_parser(sub) -> None:
     from relbias.lab.ablations import ABLATIONS, DEFAULT_BUCKETS, DEFAULT_DIST_MAX_FACTORS
 
-    helptext = "ablations: T5's dist_max and buckets, FIRE with shifted queries, offset vs NoPE"
+    helptext = (
+        "ablations: T5's dist_max and buckets, FIRE with shifted queries and clamped inputs, "
+        "offset vs NoPE, Kerple's rate and shape, ALiBi's slopes on the probe"
+    )
     p = sub.add_parser("ablation", help=helptext, description=helptext)
     p.add_argument("which", choices=ABLATIONS, help="which ablation")
     p.add_argument("--config", choices=CONFIG_NAMES, default=None, help="named configuration")
@@ -960,6 +963,16 @@ def _add_ablation_parser(sub) -> None:
         "--max-shift",
         type=_positive_int,
         help="fire: largest random query shift in training (default: (longest factor - 1) m_l)",
+    )
+    p.add_argument(
+        "--variants",
+        nargs="+",
+        metavar="NAME",
+        help="run only these variants of the ablation (default: all)",
+    )
+    p.add_argument(
+        "--tag",
+        help="name a variant run: writes ablation_<which>_<config>_<TAG>.json",
     )
 
 
@@ -1049,7 +1062,10 @@ def _config_from_args(parser, args) -> Config:
         "train_len": args.train_len,
         "seed": getattr(args, "seed", None),
     }
-    if args.experiment in ("extrapolation", "ablation"):
+    if args.experiment == "ablation" and args.which == "alibi_probe":
+        overrides["probe_steps"] = overrides.pop("steps")
+        overrides["probe_eval_factors"] = tuple(args.lengths) if args.lengths else None
+    elif args.experiment in ("extrapolation", "ablation"):
         overrides["eval_factors"] = tuple(args.lengths) if args.lengths else None
     if args.experiment == "extrapolation":
         overrides["eval_tokens"] = args.eval_tokens
@@ -1140,11 +1156,18 @@ def main(argv=None) -> int:
     if args.experiment != "ablation":
         _check_distances(parser, args, config)
         variant = _variant_from_args(parser, args, methods)
-    name = (
-        f"ablation_{args.which}_{config.name}"
-        if args.experiment == "ablation"
-        else file_stem(args.experiment, config.name, args.tag)
-    )
+    if args.experiment == "ablation":
+        try:
+            from relbias.lab.ablations import variants_for
+
+            check_tag(args.tag)
+            options = _ablation_options(args)
+            variants_for(args.which, config, variants=args.variants, **options)
+        except ValueError as err:
+            parser.error(str(err))
+        name = file_stem(f"ablation_{args.which}", config.name, args.tag)
+    else:
+        name = file_stem(args.experiment, config.name, args.tag)
     ckpt_dir = Path(args.checkpoint_dir) if args.checkpoint_dir else out / "checkpoints" / name
     what = f"ablation {args.which}" if args.experiment == "ablation" else args.experiment
     print(
@@ -1173,18 +1196,19 @@ def main(argv=None) -> int:
         else:
             from relbias.lab.ablations import run_ablation, write_ablation
 
-            options = {}
-            if args.which == "t5":
-                options = {
-                    "dist_max_factors": tuple(args.dist_max_factors),
-                    "buckets": tuple(args.buckets),
-                }
-            elif args.which == "fire" and args.max_shift is not None:
-                options = {"max_shift": args.max_shift}
             results = run_ablation(
-                args.which, config, seeds=seeds or [config.seed], **common, **options
+                args.which,
+                config,
+                seeds=seeds or [config.seed],
+                variants=args.variants,
+                tag=args.tag,
+                **common,
+                **options,
             )
-            table = extrapolation_table(results)
+            if args.which == "alibi_probe":
+                table = retrieval_table(results)
+            else:
+                table = extrapolation_table(results)
     except KeyboardInterrupt as err:
         _report_interrupt(err, ckpt_dir, argv)
         return 130
@@ -1200,6 +1224,18 @@ def main(argv=None) -> int:
     print(table)
     print(f"wall time {results['provenance']['wall_s']:.1f} s; wrote {out / name}.json and .png")
     return 0
+
+
+def _ablation_options(args) -> dict:
+    """The options of :func:`~relbias.lab.ablations.run_ablation` that ``args.which`` takes."""
+    if args.which == "t5":
+        return {
+            "dist_max_factors": tuple(args.dist_max_factors),
+            "buckets": tuple(args.buckets),
+        }
+    if args.which == "fire" and args.max_shift is not None:
+        return {"max_shift": args.max_shift}
+    return {}
 
 
 def _variant_from_args(parser, args, methods) -> dict:

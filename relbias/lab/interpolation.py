@@ -18,18 +18,23 @@ finetune_factor`` sequences), uses a tenth of the peak learning rate, with the t
 loop's warm-up and cosine decay; ``100`` steps are a tenth of the quick pre-training.
 Dynamic NTK is evaluated zero-shot only: at the fine-tuning length it *is* NTK.
 
-The result (:func:`run_interpolation`) holds every run, a summary (mean, min, max and
-standard deviation over seeds per variant and length) and the provenance; the stored
-copy is ``relbias/lab/results/interpolation_quick.json``.
+Two variants each change one thing: ``yarn_no_temp`` is YaRN with its attention
+temperature off (attention factor 1: the ramp alone, which separates YaRN's two changes
+from NTK), and the fine-tuning variant ``linear_lr10`` fine-tunes linear interpolation at
+the full peak learning rate, ten times the others' (:data:`FINETUNE_VARIANTS`).
+
+The result (:func:`run_interpolation`) holds every run, a summary (mean and 95 %
+Student-t interval over seeds per variant and length, :func:`relbias.lab.stats.interval`)
+and the provenance; the stored copy is ``relbias/lab/results/interpolation_quick.json``.
 """
 
 from __future__ import annotations
 
 import copy
-import statistics
 import time
 
 from relbias.lab.data import load_corpus
+from relbias.lab.stats import interval
 from relbias.lab.training import (
     Config,
     build_model,
@@ -42,12 +47,21 @@ from relbias.lab.training import (
 )
 from relbias.rotary import RopeScaling
 
-SCALINGS = ("none", "linear", "ntk", "dynamic", "yarn")
-FINETUNED_SCALINGS = ("none", "linear", "ntk", "yarn")
+SCALINGS = ("none", "linear", "ntk", "dynamic", "yarn", "yarn_no_temp")
 DEFAULT_SEEDS = (0, 1, 2)
 DEFAULT_FINETUNE_STEPS = (25, 50, 100)
 DEFAULT_FINETUNE_FACTOR = 4
 FINETUNE_LR_FRACTION = 0.1
+#: Fine-tuning runs: name -> (scaling, fraction of the pre-training's peak learning rate).
+FINETUNE_VARIANTS = {
+    "none": ("none", FINETUNE_LR_FRACTION),
+    "linear": ("linear", FINETUNE_LR_FRACTION),
+    "ntk": ("ntk", FINETUNE_LR_FRACTION),
+    "yarn": ("yarn", FINETUNE_LR_FRACTION),
+    "yarn_no_temp": ("yarn_no_temp", FINETUNE_LR_FRACTION),
+    "linear_lr10": ("linear", 10 * FINETUNE_LR_FRACTION),
+}
+FINETUNED_SCALINGS = tuple(FINETUNE_VARIANTS)
 
 
 def scaling_for(name: str, factor: float, train_len: int) -> RopeScaling | None:
@@ -55,7 +69,7 @@ def scaling_for(name: str, factor: float, train_len: int) -> RopeScaling | None:
 
     ``none``: plain RoPE; ``linear``, ``ntk``, ``yarn``: ``s = factor``; ``dynamic``:
     factor 1, so that the base follows the book's ``(m / m_l)^{d/(d-2)}`` with ``m`` the
-    length being read.
+    length being read; ``yarn_no_temp``: YaRN with attention factor 1 (no temperature).
     """
     if name not in SCALINGS:
         raise ValueError(f"scaling must be one of {SCALINGS}, got {name!r}")
@@ -63,6 +77,8 @@ def scaling_for(name: str, factor: float, train_len: int) -> RopeScaling | None:
         return None
     if name == "dynamic":
         return RopeScaling("dynamic", 1.0, original_len=train_len)
+    if name == "yarn_no_temp":
+        return RopeScaling("yarn", float(factor), original_len=train_len, attention_factor=1.0)
     return RopeScaling(name, float(factor), original_len=train_len)
 
 
@@ -93,17 +109,21 @@ def zero_shot(
 def finetune(
     model, corpus, config: Config, name: str, steps: int, *, factor: int, device=None
 ) -> tuple[object, dict]:
-    """A copy of ``model`` trained ``steps`` steps at ``factor * m_l`` with scaling ``name``.
+    """A copy of ``model`` trained ``steps`` steps at ``factor * m_l``: the fine-tuning
+    variant ``name`` of :data:`FINETUNE_VARIANTS` (a scaling and a learning rate).
 
     Returns ``(model, record)``: the record has the training summary and the bits per
     byte at every evaluation length (the scaling fixed for ``factor``).
     """
+    if name not in FINETUNE_VARIANTS:
+        raise ValueError(f"fine-tuning variant must be one of {FINETUNED_SCALINGS}, got {name!r}")
+    scaling, lr_fraction = FINETUNE_VARIANTS[name]
     tuned = copy.deepcopy(model)
-    tuned.rope_scaling = scaling_for(name, factor, config.train_len)
+    tuned.rope_scaling = scaling_for(scaling, factor, config.train_len)
     long = config.replace(
         train_len=factor * config.train_len,
         batch_size=max(1, config.batch_size // factor),
-        lr=config.lr * FINETUNE_LR_FRACTION,
+        lr=config.lr * lr_fraction,
     )
     history = train_lm(tuned, corpus.train, long, steps=steps, device=device, progress=False)
     rows = evaluate_lengths(tuned, corpus.val, config, device=device)
@@ -155,18 +175,14 @@ def run_seed(
 
 
 def _spread(values: list[float]) -> dict:
-    return {
-        "mean": round(statistics.fmean(values), 5),
-        "min": round(min(values), 5),
-        "max": round(max(values), 5),
-        "std": round(statistics.stdev(values), 5) if len(values) > 1 else 0.0,
-        "n": len(values),
-    }
+    iv = interval(values)
+    return {k: round(iv[k], 5) if isinstance(iv[k], float) else iv[k] for k in iv}
 
 
 def summarize(runs: list[dict]) -> dict:
-    """Mean, min, max, std over seeds: ``{"zero_shot": {scaling: {length: ...}},
-    "finetuned": {scaling: {steps: {length: ...}}}}`` (lengths and steps as strings)."""
+    """Mean and 95 % t-interval over seeds (``mean``, ``low``, ``high``, ``sd``, ``n``):
+    ``{"zero_shot": {scaling: {length: ...}}, "finetuned": {variant: {steps: {length:
+    ...}}}}`` (lengths and steps as strings)."""
 
     def by_length(row_lists):
         lengths = [r["length"] for r in row_lists[0]]
@@ -232,6 +248,7 @@ def run_interpolation(
                 "ntk": "NTK-aware base scaling, lambda = s^(d/(d-2)) (bloc97, 2023)",
                 "dynamic": "dynamic NTK, factor 1: lambda = (n / m_l)^(d/(d-2)) for n > m_l",
                 "yarn": "YaRN, beta_fast 32, beta_slow 1, temperature 0.1 ln s + 1",
+                "yarn_no_temp": "YaRN's ramp with attention factor 1 (no temperature)",
             },
             "zero_shot": "scaling set for each evaluation length (s = length / m_l)",
             "finetune_factor": finetune_factor,
@@ -239,7 +256,10 @@ def run_interpolation(
             "finetune_steps": list(finetune_steps),
             "finetune_batch_size": max(1, config.batch_size // finetune_factor),
             "finetune_lr": config.lr * FINETUNE_LR_FRACTION,
-            "finetuned_scalings": list(FINETUNED_SCALINGS),
+            "finetune_variants": {
+                name: {"scaling": scaling, "lr": config.lr * fraction}
+                for name, (scaling, fraction) in FINETUNE_VARIANTS.items()
+            },
             "finetuned_eval": f"scaling fixed at s = {finetune_factor} at every length",
         },
         "runs": runs,
@@ -250,14 +270,14 @@ def run_interpolation(
 
 
 def interpolation_table(results: dict) -> str:
-    """Mean bits per byte over seeds (and the range) per variant and length, as text."""
+    """Mean bits per byte over seeds [95 % interval] per variant and length, as text."""
     summary = results["summary"]
     lengths = list(next(iter(summary["zero_shot"].values())))
     lines = [f"{'variant':24s} " + " ".join(f"{n:>17s}" for n in lengths)]
 
     def line(label, cells):
         values = " ".join(
-            f"{c['mean']:6.3f} [{c['min']:.2f},{c['max']:.2f}]" for c in cells.values()
+            f"{c['mean']:6.3f} [{c['low']:.2f},{c['high']:.2f}]" for c in cells.values()
         )
         return f"{label:24s} {values}"
 
@@ -270,7 +290,7 @@ def interpolation_table(results: dict) -> str:
 
 
 def plot_interpolation(results: dict, *, steps: str | None = None, axes=None):
-    """Mean bits per byte (band: min to max over seeds) against length: zero-shot (left),
+    """Mean bits per byte (band: 95 % interval over seeds) against length: zero-shot (left),
     fine-tuned ``steps`` steps (right; default the most). Returns the figure."""
     summary = results["summary"]
     if axes is None:
@@ -292,8 +312,11 @@ def plot_interpolation(results: dict, *, steps: str | None = None, axes=None):
     for ax, cells_by_name, title in panels:
         for name, cells in cells_by_name.items():
             x = [int(n) for n in cells]
-            color = f"C{SCALINGS.index(name)}" if name in SCALINGS else None
-            dashed = name == "dynamic"  # NTK and dynamic coincide when whole windows are read
+            scaling = FINETUNE_VARIANTS.get(name, (name,))[0]
+            color = f"C{SCALINGS.index(scaling)}" if scaling in SCALINGS else None
+            # dashed: dynamic (NTK and dynamic coincide when whole windows are read) and the
+            # variants that share a scaling's colour
+            dashed = name in ("dynamic", "yarn_no_temp", "linear_lr10")
             ax.plot(
                 x,
                 [c["mean"] for c in cells.values()],
@@ -303,7 +326,7 @@ def plot_interpolation(results: dict, *, steps: str | None = None, axes=None):
                 color=color,
                 label=name,
             )
-            lows, highs = [c["min"] for c in cells.values()], [c["max"] for c in cells.values()]
+            lows, highs = [c["low"] for c in cells.values()], [c["high"] for c in cells.values()]
             ax.fill_between(x, lows, highs, color=color, alpha=0.2)
         ax.axvline(train_len, color="grey", lw=0.8)
         ax.set_xscale("log", base=2)

@@ -182,3 +182,42 @@ def test_project_after_steps_finds_kerple_biases_in_a_model_and_detaches():
         project_after_steps(kerple, kerple)
     with pytest.raises(TypeError, match="modules"):
         project_after_steps(opt, 3)
+
+
+def test_power_started_at_alibi_is_alibi_and_keeps_a_fixed_exponent():
+    slopes = alibi_slopes(4).tolist()
+    kerple = KerplePower(4, r1_init=slopes, r2_init=1.0, learn_r2=False, eps=1e-3)
+    visible = relative_positions(9) >= 0
+    assert torch.equal(kerple(9)[:, visible], ALiBi(4)(9)[:, visible])
+    assert kerple.r1.requires_grad and not kerple.r2.requires_grad
+    opt = torch.optim.AdamW([p for p in kerple.parameters() if p.requires_grad], lr=0.1)
+    kerple(9).sum().backward()
+    opt.step()
+    assert torch.equal(kerple.r2, torch.ones(4))
+    assert not torch.equal(kerple.r1, torch.tensor(slopes))
+
+
+@pytest.mark.parametrize("cls", [KerplePower, KerpleLog])
+def test_a_given_start_draws_no_random_numbers(cls):
+    torch.manual_seed(3)
+    cls(4, r1_init=0.5, r2_init=0.5)
+    after_given = torch.rand(1)
+    torch.manual_seed(3)
+    after_nothing = torch.rand(1)
+    assert torch.equal(after_given, after_nothing)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "message"),
+    [
+        ({"r2_init": 3.0}, ValueError, r"r2_init must be .* each in \[0.01, 2.0\], got 3.0"),
+        ({"r2_init": 0.0}, ValueError, "r2_init must be"),
+        ({"r1_init": [1.0, 2.0]}, ValueError, r"r1_init must be a number or 4 numbers"),
+        ({"r1_init": "x"}, TypeError, "r1_init must be a number or a sequence of 4 numbers"),
+        ({"r1_init": True}, ValueError, "r1_init must be"),
+        ({"learn_r2": 1}, TypeError, "learn_r2 must be True or False"),
+    ],
+)
+def test_bad_starts_name_the_parameter(kwargs, error, message):
+    with pytest.raises(error, match=message):
+        KerplePower(4, **kwargs)

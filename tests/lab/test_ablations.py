@@ -10,6 +10,7 @@ import pytest
 import torch
 from conftest import tiny_config
 
+import relbias
 from relbias.lab.ablations import (
     fire_variants,
     run_ablation,
@@ -137,3 +138,119 @@ def test_offset_ablation_and_cli(tmp_path, capsys):
         assert rec["seeds"]["1"]["past_train_len_bpb"] == pytest.approx(
             sum(row["loss_by_position"][8:]) / 24
         )
+
+
+def _trained_like(position, **bias_kwargs):
+    """A tiny TinyLM whose bias holds random (trained-looking) values."""
+    torch.manual_seed(0)
+    model = TinyLM(
+        dim=32, depth=1, heads=2, position=position, train_len=16, bias_kwargs=bias_kwargs
+    )
+    with torch.no_grad():
+        for p in model.bias_modules()[0].parameters():
+            p.add_(torch.randn_like(p))
+    return model
+
+
+def test_offset_interventions_change_only_the_offsets_without_a_parameter(tiny_corpus):
+    from relbias.lab.ablations import MASKED, offset_interventions
+
+    model = _trained_like("offset")
+    table = model.bias_modules()[0].weight.detach().clone()
+    seen = []
+
+    def spy(changed, *args, **kwargs):
+        seen.append(changed.bias_modules()[0].offset_table(0, 40).detach())
+        return [{"factor": 4, "length": 64, "bytes": 1, "bpb": 1.0, "loss_by_position": [1.0] * 64}]
+
+    import relbias.lab.ablations as ab
+
+    real, ab._eval_rows = ab._eval_rows, spy
+    try:
+        out = offset_interventions(model, TINY, tiny_corpus)
+    finally:
+        ab._eval_rows = real
+    far_min, far_masked = seen
+    assert torch.equal(far_min[:, :16], table) and torch.equal(far_masked[:, :16], table)
+    assert torch.equal(far_min[:, 16:], table.min(1).values[:, None].expand(-1, 25))
+    assert (far_masked[:, 16:] == MASKED).all()
+    assert torch.equal(model.bias_modules()[0].weight, table)  # the model itself is unchanged
+    assert out["edge_above_min"] == pytest.approx(
+        (table[:, -1] - table.min(1).values).tolist(), abs=1e-4
+    )
+
+
+def test_t5_far_to_min_keeps_the_buckets_up_to_each_minimum(tiny_corpus):
+    from relbias.lab.ablations import t5_details
+
+    model = _trained_like("t5")
+    saved = model.bias_modules()[0].weight.detach().clone()
+    out = t5_details(model, TINY, tiny_corpus)
+    lowest = out["interventions"]["far_to_min"]["min_bucket"]
+    assert lowest == saved.argmin(1).tolist()
+    assert out["interventions"]["far_to_min"]["changed"] == sum(
+        int((saved[h, b + 1 :] != saved[h, b]).sum()) for h, b in enumerate(lowest)
+    )
+    assert torch.equal(model.bias_modules()[0].weight, saved)  # restored
+
+
+def test_clamped_fire_is_fire_inside_the_range_and_clamps_outside():
+    from relbias.lab.ablations import ClampedFIRE, fire_trained_range
+
+    fire = _trained_like("fire").bias_modules()[0]
+    with torch.no_grad():
+        visible = relbias.relative_positions(40) >= 0  # future keys are masked anyway
+        unclamped = ClampedFIRE(fire, 1e-12, 1.0).prepare(40)
+        assert torch.allclose(unclamped[:, visible], fire(40)[:, visible], atol=1e-6)
+        low, high = fire_trained_range(fire, 16)
+        x = fire.normalized_input(40).masked_fill(~visible, 0)
+        assert 0 < low < high < 1 and x[x > 0].min() < low and x.max() > high
+        clamped = ClampedFIRE(fire, low, high).prepare(40)[:, visible]
+        expected = fire.mlp(torch.where(x > 0, x.clamp(low, high), x)).permute(2, 0, 1)
+        assert torch.equal(clamped, expected[:, visible])
+        diagonal = ClampedFIRE(fire, low, high).prepare(40).diagonal(dim1=1, dim2=2)
+        assert torch.equal(diagonal, fire(40).diagonal(dim1=1, dim2=2))  # input 0 untouched
+    with pytest.raises(ValueError, match="low <= high"):
+        ClampedFIRE(fire, 0.5, 0.2)
+
+
+def test_kerple_ladder_differs_only_in_what_learns():
+    from relbias.lab.ablations import kerple_variants
+
+    alibi, rate, shape = kerple_variants(TINY)
+    kw_rate, kw_shape = rate["model_kwargs"]["bias_kwargs"], shape["model_kwargs"]["bias_kwargs"]
+    assert {k: v for k, v in kw_rate.items() if k != "learn_r2"} == {
+        k: v for k, v in kw_shape.items() if k != "learn_r2"
+    }
+    assert (kw_rate["learn_r2"], kw_shape["learn_r2"]) == (False, True)
+    models = []
+    for v in (alibi, rate, shape):
+        torch.manual_seed(0)
+        models.append(
+            TinyLM(
+                dim=32, depth=1, heads=2, position=v["method"], train_len=16, **v["model_kwargs"]
+            )
+        )
+    x = torch.randint(0, 256, (2, 12))
+    with torch.no_grad():
+        outs = [m(x) for m in models]
+    assert torch.allclose(outs[0], outs[1], atol=1e-6) and torch.equal(outs[1], outs[2])
+    with pytest.raises(ValueError, match="variants must name some of"):
+        variants_for("kerple", TINY, variants=["rope"])
+
+
+def test_alibi_probe_restores_the_slopes(monkeypatch):
+    from relbias.lab.ablations import SLOPE_CHANGES, alibi_probe_interventions
+
+    model = TinyLM(dim=32, depth=1, heads=4, position="alibi", train_len=16)
+    saved = model.bias.slopes.clone()
+    used = []
+    monkeypatch.setattr(
+        "relbias.lab.ablations.evaluate_retrieval",
+        lambda m, config, **kw: used.append(m.bias.slopes.clone()) or [],
+    )
+    out = alibi_probe_interventions(model, TINY.replace(probe_eval_factors=(1,)))
+    assert list(out["interventions"]) == [name for name, _, _ in SLOPE_CHANGES]
+    assert torch.equal(used[0], saved * torch.tensor([1, 1, 1, 0.0]))
+    assert torch.equal(used[3], saved * 0.5)
+    assert torch.equal(model.bias.slopes, saved)

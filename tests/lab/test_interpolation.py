@@ -10,6 +10,7 @@ from relbias import RopeScaling
 from relbias.lab import interpolation as ip
 from relbias.lab.experiments import main
 from relbias.lab.model import Rotary, TinyLM
+from relbias.lab.stats import interval
 from relbias.lab.training import get_config
 
 matplotlib.use("Agg")
@@ -61,8 +62,18 @@ def test_tiny_run_end_to_end():
     assert max(first) - min(first) < 1e-9  # s = 1: every scaling is plain RoPE
     cell = results["summary"]["zero_shot"]["yarn"]["32"]
     values = [r["zero_shot"]["yarn"][2]["bpb"] for r in results["runs"]]
-    assert cell["n"] == 2 and cell["min"] == min(values) and cell["max"] == max(values)
-    assert cell["mean"] == pytest.approx(sum(values) / 2, abs=1e-5)
+    expected = interval(values)
+    assert cell["n"] == 2
+    for key in ("mean", "low", "high"):
+        assert cell[key] == pytest.approx(expected[key], abs=1e-5)
+    # the two variants that change one thing: YaRN without its temperature, linear at 10x lr
+    no_temp = ip.scaling_for("yarn_no_temp", 4, 8)
+    assert no_temp == RopeScaling("yarn", 4.0, original_len=8, attention_factor=1.0)
+    assert results["setup"]["finetune_variants"]["linear_lr10"]["lr"] == pytest.approx(
+        10 * results["setup"]["finetune_variants"]["linear"]["lr"]
+    )
+    lr10 = [r["finetuned"]["linear_lr10"]["2"]["eval"][0]["bpb"] for r in results["runs"]]
+    assert lr10 != [r["finetuned"]["linear"]["2"]["eval"][0]["bpb"] for r in results["runs"]]
     assert "yarn, 2 steps" in ip.interpolation_table(results)
     fig = ip.plot_interpolation(results)
     assert len(fig.axes) == 2
