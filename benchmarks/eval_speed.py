@@ -19,9 +19,9 @@ import time
 import torch
 
 from relbias import choose_backend
+from relbias.lab import build_model, evaluate_lengths, get_config
 from relbias.lab.data import load_corpus
 from relbias.lab.model import BIAS_POSITIONS
-from relbias.lab.training import build_model, evaluate_lengths, get_config
 
 
 def main(argv=None) -> int:

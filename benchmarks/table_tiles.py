@@ -4,10 +4,11 @@
         [--tile 1024 --strip 256] [--cold] [--churn]
 
 Times, interleaved round by round, plain causal ``scaled_dot_product_attention`` (the
-floor), ``table_attention`` with its default strategy (tiles of ``table.TILE_ROWS`` rows
-for long float32 sequences: past keys in one call, the causal triangle in strips,
-joined by log-sum-exp) and ``table_attention(block_rows=...)`` (the blocks of rows with
-``-inf`` for future keys that tiles replace; ``--block-rows``, by default
+floor), ``table_attention`` with its default strategy (tiles of ``--tile`` rows, by default
+``table.TILE_ROWS``, for long float32 sequences: past keys in one call, the causal
+triangle in strips of ``--strip`` rows, joined by log-sum-exp) and
+``table_attention(block_rows=...)`` (the blocks of rows with ``-inf`` for future keys that
+tiles replace; ``--block-rows``, by default
 ``table.default_block_rows``). ``--cold`` evicts the caches before every call, as
 the big materialising calls of ``python -m relbias.bench`` do; ``--churn`` allocates and
 frees half a gigabyte before every call, as those calls also do, after which memory that
@@ -39,7 +40,9 @@ def _time_calls(args) -> dict:
         for family in args.families:
             prepared = prepare_bias(make_bias(family, args.heads), args.n)
             rows = args.block_rows or table.default_block_rows(prepared)
-            calls[f"{family} tiles"] = lambda p=prepared: table.table_attention(q, k, v, p)
+            calls[f"{family} tiles"] = lambda p=prepared: table.table_attention(
+                q, k, v, p, tile_rows=args.tile, strip_rows=args.strip
+            )
             calls[f"{family} blocks of {rows}"] = lambda p=prepared, rows=rows: (
                 table.table_attention(q, k, v, p, block_rows=rows)
             )
@@ -72,8 +75,8 @@ def main(argv=None) -> int:
         choices=[name for name in BIAS_NAMES if name != "fire"],
     )
     parser.add_argument("--rounds", type=int, default=12, help="timed rounds")
-    parser.add_argument("--tile", type=int, default=table.TILE_ROWS, help="table.TILE_ROWS")
-    parser.add_argument("--strip", type=int, default=table.STRIP_ROWS, help="table.STRIP_ROWS")
+    parser.add_argument("--tile", type=int, default=table.TILE_ROWS, help="rows per tile")
+    parser.add_argument("--strip", type=int, default=table.STRIP_ROWS, help="rows per strip")
     parser.add_argument(
         "--block-rows", type=int, default=None, help="rows per block of the block strategy"
     )
@@ -89,13 +92,10 @@ def main(argv=None) -> int:
             parser.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     if args.tile % args.strip:
         parser.error(f"--tile ({args.tile}) must be a multiple of --strip ({args.strip})")
-    saved = table.TILE_ROWS, table.STRIP_ROWS
-    table.TILE_ROWS, table.STRIP_ROWS = args.tile, args.strip
     torch.set_flush_denormal(True)  # as the benchmark: strong biases underflow exp
     try:
         seconds, faults = _time_calls(args)
     finally:
-        table.TILE_ROWS, table.STRIP_ROWS = saved
         torch.set_flush_denormal(False)  # PyTorch's default; there is no getter
     floor = statistics.median(seconds["floor"])
     print(

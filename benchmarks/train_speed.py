@@ -4,8 +4,8 @@
     python benchmarks/train_speed.py --dim 128 --heads 8 --depth 2 --batch-size 8 \\
         --train-len 512 --warmup-steps 3 --steps 20 --no-eval --methods nope alibi t5 ...
 
-Trains each method as ``python -m relbias.lab.experiments extrapolation`` does (same
-config, same batches, ``relbias.lab.training.train_lm``), after ``--warmup-steps``
+Trains each method as ``python -m relbias.lab extrapolation`` does (same
+config, same batches, ``relbias.lab.train_lm``), after ``--warmup-steps``
 untimed steps, times ``--steps`` training steps and the 1x..16x evaluation separately,
 and prints one row per method: seconds per step, tokens per second, the ratio of its
 time per step to ``nope``'s (the same model with no positional scheme: what the bias
@@ -14,7 +14,7 @@ times the dense bias instead (what training cost before the fused kernel's backw
 With ``--steps`` smaller than the config's, the last line extrapolates the sweep's
 training time to the config's step count. Timings on a shared CPU vary with what else
 runs: run it on a quiet machine. ``--out FILE`` also writes the rows as JSON, with the
-command, the commit, the versions and the load average (``benchmarks/results/``).
+command, the commit, the versions and the load average (``relbias/bench/results/``).
 """
 
 from __future__ import annotations
@@ -26,20 +26,15 @@ import time
 
 import torch
 
-from relbias._stored import write_json
+from relbias._json import write_json
 from relbias.attention import choose_backend
+from relbias.lab.config import get_config
 from relbias.lab.data import load_corpus
+from relbias.lab.device import device_name, pick_device, seed_everything
+from relbias.lab.evaluation import evaluate_lengths
 from relbias.lab.experiments import resolve_methods
-from relbias.lab.training import (
-    build_model,
-    device_name,
-    evaluate_lengths,
-    get_config,
-    pick_device,
-    provenance,
-    seed_everything,
-    train_lm,
-)
+from relbias.lab.results import provenance
+from relbias.lab.training import build_model, train_lm
 
 #: The model's size, overridable on the command line (``--dim`` ...).
 SIZE_OPTIONS = ("dim", "heads", "depth", "batch_size", "train_len")

@@ -10,13 +10,7 @@ imported by name: :mod:`relbias.lab` (a tiny language model, training, experimen
 (the attention benchmark).
 """
 
-from relbias.attention import (
-    BACKENDS,
-    PreparedBias,
-    biased_attention,
-    choose_backend,
-    prepare_bias,
-)
+from relbias.attention import BACKENDS, biased_attention, choose_backend
 from relbias.biases import (
     BIAS_FAMILIES,
     BIAS_NAMES,
@@ -29,11 +23,13 @@ from relbias.biases import (
     KerpleLog,
     KerplePower,
     OffsetBias,
+    PreparedBias,
     RelativeBias,
     Sandwich,
     T5Bias,
     alibi_slopes,
     make_bias,
+    prepare_bias,
     relative_positions,
     t5_bucket,
 )

@@ -1,8 +1,6 @@
 #!/usr/bin/env bash
 # Build the relbias book into _build/html (after the idempotent set-up), and print the
 # built site's size.
-# Until the book exists (no _toc.yml at the repository root), run the library's
-# short demo instead: a table of every bias family.
 # Extra arguments are passed to `jupyter-book build` (e.g. `--path-output DIR` builds into
 # DIR/_build/html).
 set -euo pipefail
@@ -12,12 +10,6 @@ cd "$ROOT"
 
 if [[ "${RELBIAS_SETUP_DONE:-0}" != "1" ]]; then
     bash scripts/setup.sh
-fi
-
-if [[ ! -f _toc.yml ]]; then
-    echo "[book] no _toc.yml yet: running the library demo instead (python -m relbias.demo)"
-    .venv/bin/python -m relbias.demo
-    exit 0
 fi
 
 # The part of MathJax 3 the pages load (html_static_path in _config.yml copies it into

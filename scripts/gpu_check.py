@@ -1,15 +1,31 @@
 """The prepared GPU check: what a reader's GPU run of the book does, measured in one go.
 
-Run on a machine with a CUDA GPU (about 5 minutes on an H200; every stage is guarded, so
-one failure never hides the others)::
+Run on a machine with a CUDA GPU (every stage is guarded, so one failure never hides the
+others; the stages run in order of value, each within its share of ``--budget``)::
 
-    python scripts/gpu_check.py --out gpu_results
+    python -m relbias.attention.fused && python scripts/gpu_check.py --out gpu_results --budget 780
 
-It writes ``gpu_check.json`` (updated after every stage) into ``--out``:
+It writes ``gpu_check.json`` (updated after every stage, with provenance) into ``--out``:
 
 ``env``
     torch, CUDA, the GPU, its compute capability and memory, the autocast dtype the
-    book would use there.
+    book would use there, the relbias commit.
+``chapters``
+    every chapter of the book executed top to bottom on the GPU, as a reader runs it there
+    (no ``CI``: the runtime banner picks the GPU configuration, the stored sweeps'
+    ``medium``): per chapter the time, the peak GPU memory, the banner, and which asserted
+    claims did not hold (:func:`relbias.book.execute.chapter_report`; a chapter is run
+    through every cell, so a failed claim does not hide the next). A chapter that starts
+    runs to its end; the next one starts only while the stage's budget lasts.
+``flex_speed``
+    FlexAttention forward and forward + backward time for every family in bfloat16 up to
+    32,768 tokens, against FlexAttention with no bias. FIRE's ``score_mod`` has no
+    FlexAttention backward (``backend="flex"`` refuses its gradients): its
+    forward + backward is timed on the backend ``"auto"`` takes instead, and named.
+``full``
+    the ``full`` configuration's extrapolation for ``--full-methods`` (default nope,
+    rope, t5, alibi, fire; one seed), each method written to ``--out/full/`` as soon as it
+    is done (``relbias.lab.cli.save``), so that a budget cut keeps what finished.
 ``train``
     alibi, t5, fire and nope (``--methods``) trained for ``--steps`` steps in the
     reader's configuration (``quick``, what a chapter runs on any runtime), then
@@ -29,9 +45,11 @@ It writes ``gpu_check.json`` (updated after every stage) into ``--out``:
     the weights trained in ``train`` evaluated on the CPU (float32) and on the GPU with
     and without autocast: the differences in bits per byte.
 
+Test the script on a CPU first: ``--device cpu --smoke`` runs what a CPU can on tiny sizes
+(``tests/lab/test_gpu_check.py`` does, with a tiny chapter and ``--chapters``).
+
 Each stage stops starting new cases when its share of ``--budget`` seconds is spent and
-says so (``"skipped"``). ``--device cpu --smoke`` runs the CPU-runnable parts on a tiny
-size (tests/lab/test_gpu_check.py does, in CI).
+says so (``"skipped"``).
 """
 
 from __future__ import annotations
@@ -53,19 +71,26 @@ if str(ROOT) not in sys.path:  # run from a checkout without installing the pack
     sys.path.insert(0, str(ROOT))
 
 import relbias  # noqa: E402
-from relbias.lab import training  # noqa: E402
+from relbias.lab import config as lab_config  # noqa: E402
+from relbias.lab import device as lab_device  # noqa: E402
+from relbias.lab import evaluation, training  # noqa: E402
 from relbias.lab.data import load_corpus  # noqa: E402
+from relbias.lab.results import checkout_commit  # noqa: E402
 
-STAGES = ("env", "train", "train_t4", "flex", "flex_speed", "cpu_vs_gpu")
+# In order of value: the chapters first, then the biased FlexAttention rows, then `full`.
+STAGES = ("env", "chapters", "flex_speed", "full", "train", "train_t4", "flex", "cpu_vs_gpu")
 # Share of --budget each stage may spend before it stops starting new cases.
 STAGE_SHARE = {
-    "env": 0.02,
-    "train": 0.15,
-    "train_t4": 0.15,
-    "flex": 0.3,
-    "flex_speed": 0.25,
-    "cpu_vs_gpu": 0.13,
+    "env": 0.01,
+    "chapters": 0.45,
+    "flex_speed": 0.15,
+    "full": 0.2,
+    "train": 0.04,
+    "train_t4": 0.06,
+    "flex": 0.06,
+    "cpu_vs_gpu": 0.03,
 }
+FULL_METHODS = ("nope", "rope", "t5", "alibi", "fire")
 T4_MEMORY_BYTES = 15 * 1024**3
 
 
@@ -100,9 +125,9 @@ def stage_env(ctx) -> dict:
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
         "python": platform.python_version(),
-        "relbias_commit": os.environ.get("RELBIAS_COMMIT"),
-        "device": training.device_name(device),
-        "autocast_dtype": str(training.autocast_dtype(device)),
+        "relbias_commit": checkout_commit() or os.environ.get("RELBIAS_COMMIT"),
+        "device": lab_device.device_name(device),
+        "autocast_dtype": str(lab_device.autocast_dtype(device)),
     }
     if device.type == "cuda":
         props = torch.cuda.get_device_properties(device)
@@ -114,7 +139,7 @@ def stage_env(ctx) -> dict:
     return out
 
 
-def _train_methods(ctx, budget: Budget, *, tag: str) -> dict:
+def _train_methods(ctx, budget: Budget, *, tag: str, amp_dtype="auto") -> dict:
     cfg, device = ctx.config, ctx.device
     rows = {}
     for method in ctx.methods:
@@ -122,16 +147,22 @@ def _train_methods(ctx, budget: Budget, *, tag: str) -> dict:
             rows[method] = {"skipped": "time budget spent"}
             continue
         try:
-            training.seed_everything(0)
+            lab_device.seed_everything(0)
             model = training.build_model(method, cfg).to(device)
             _reset_peak(device)
             history = training.train_lm(
-                model, ctx.corpus.train, cfg, steps=ctx.steps, device=device, progress=False
+                model,
+                ctx.corpus.train,
+                cfg,
+                steps=ctx.steps,
+                device=device,
+                progress=False,
+                amp_dtype=amp_dtype,
             )
             _sync(device)
             train_peak = _peak_bytes(device)
-            evals = training.evaluate_lengths(
-                model, ctx.corpus.val, cfg, factors=ctx.factors, device=device
+            evals = evaluation.evaluate_lengths(
+                model, ctx.corpus.val, cfg, factors=ctx.factors, device=device, amp_dtype=amp_dtype
             )
             rows[method] = {
                 "steps_per_s": round(ctx.steps / history["wall_s"], 2),
@@ -149,6 +180,57 @@ def _train_methods(ctx, budget: Budget, *, tag: str) -> dict:
     return rows
 
 
+def stage_chapters(ctx, budget: Budget) -> dict:
+    """Every chapter (``ctx.chapters``) run as a reader runs it on this machine."""
+    from relbias.book.execute import chapter_report
+
+    env = {k: v for k, v in os.environ.items() if k != "CI"}
+    rows = {}
+    for path in ctx.chapters:
+        if budget.left() <= 0:
+            rows[path.stem] = {"skipped": "time budget spent"}
+            continue
+        _reset_peak(ctx.device)
+        try:
+            rows[path.stem] = chapter_report(path, timeout=max(60, int(budget.left())), env=env)
+        except Exception as exc:
+            rows[path.stem] = _failure(exc)
+        print(f"[gpu_check]   {path.stem}: {rows[path.stem]}", flush=True)
+    held = [r.get("claims_held") for r in rows.values() if "claims_held" in r]
+    return {"chapters": rows, "all_claims_held": all(held) if held else None}
+
+
+def stage_full(ctx, budget: Budget) -> dict:
+    """The ``full`` configuration for ``ctx.full_methods``, one seed, each method written
+    to ``out/full`` when done."""
+    from relbias.lab.cli import save
+    from relbias.lab.experiments import run_extrapolation
+
+    cfg = lab_config.get_config("full", **ctx.full_overrides)
+    rows = {}
+    for method in ctx.full_methods:
+        if budget.left() <= 0:
+            rows[method] = {"skipped": "time budget spent"}
+            continue
+        try:
+            _reset_peak(ctx.device)
+            results = run_extrapolation(
+                cfg, [method], seeds=[0], device=ctx.device, progress=False, verbose=False,
+                tag=method,
+            )  # fmt: skip
+            path = save(results, ctx.out / "full")
+            rec = results["methods"][method]
+            rows[method] = {
+                "file": str(path.relative_to(ctx.out)),
+                "train_s": round(rec["train"]["wall_s"], 1),
+                "peak_mib": _mib(_peak_bytes(ctx.device)),
+                "bpb": {str(r["factor"]): round(r["bpb"], 4) for r in rec["eval"]},
+            }
+        except Exception as exc:
+            rows[method] = _failure(exc)
+    return {"config": cfg.to_dict(), "seeds": [0], "methods": rows}
+
+
 def stage_train(ctx, budget: Budget) -> dict:
     return {
         "config": ctx.config.name,
@@ -164,39 +246,35 @@ def stage_train_t4(ctx, budget: Budget) -> dict:
         return {"skipped": "needs CUDA"}
     total = torch.cuda.get_device_properties(device).total_memory
     fraction = min(1.0, T4_MEMORY_BYTES / total)
-    original = training.autocast_dtype
     index = device.index if device.index is not None else torch.cuda.current_device()
     torch.cuda.set_per_process_memory_fraction(fraction, index)
-    training.autocast_dtype = lambda dev: (
-        torch.float16 if torch.device(dev).type == "cuda" else None
-    )
     try:
-        out = {"memory_fraction": round(fraction, 4), "autocast": "float16 (forced)"}
-        out["methods"] = _train_methods(ctx, budget, tag="train_t4")
-        out["long_recall"] = _long_recall(ctx)
+        out = {"memory_fraction": round(fraction, 4), "autocast": "float16 (asked for)"}
+        out["methods"] = _train_methods(ctx, budget, tag="train_t4", amp_dtype=torch.float16)
+        out["long_recall"] = _long_recall(ctx, amp_dtype=torch.float16)
         return out
     finally:
-        training.autocast_dtype = original
         torch.cuda.set_per_process_memory_fraction(1.0, index)
         torch.cuda.empty_cache()
 
 
-def _long_recall(ctx) -> dict:
+def _long_recall(ctx, amp_dtype="auto") -> dict:
     """Chapter 4's recall evaluation at 16,384 tokens with an (untrained) ALiBi model."""
     device, cfg = ctx.device, ctx.config
     seq_len = 256 * cfg.train_len
     try:
-        training.seed_everything(0)
+        lab_device.seed_everything(0)
         model = training.build_model("alibi", cfg).to(device)
         _reset_peak(device)
         start = time.perf_counter()
-        rows = training.evaluate_retrieval(
+        rows = evaluation.evaluate_retrieval(
             model,
             cfg,
             seq_len=seq_len,
             distances=[1, seq_len // 2, seq_len - 2],
             samples=8,
             device=device,
+            amp_dtype=amp_dtype,
         )
         _sync(device)
         return {
@@ -337,12 +415,22 @@ def stage_flex_speed(ctx, budget: Budget) -> dict:
                     with torch.no_grad():
                         return _flex(leaves, bias)
 
-                def forward_backward(leaves=leaves, bias=bias):
-                    _flex(leaves, bias).float().sum().backward()
+                backward = "flex"
+                prepared = None if bias is None else bias.prepare(n)
+                if prepared is not None and not prepared.score_mod_trainable:
+                    backward = relbias.choose_backend(*leaves, prepared)  # what auto takes
+
+                def forward_backward(leaves=leaves, bias=bias, backward=backward):
+                    if backward == "flex":
+                        _flex(leaves, bias).float().sum().backward()
+                    else:
+                        out = relbias.biased_attention(*leaves, bias, causal=True)
+                        out.float().sum().backward()
 
                 _reset_peak(device)
                 case["forward_ms"] = round(_cuda_time(forward, device), 3)
                 case["forward_backward_ms"] = round(_cuda_time(forward_backward, device), 3)
+                case["backward_backend"] = backward
                 case["peak_mib"] = _mib(_peak_bytes(device))
             except Exception as exc:
                 case.update(_failure(exc))
@@ -376,7 +464,6 @@ def stage_cpu_vs_gpu(ctx, budget: Budget) -> dict:
     cfg = ctx.config
     factors = ctx.factors[:2]
     rows = {}
-    original = training.autocast_dtype
     for method, state in ctx.trained.items():
         if budget.left() <= 0:
             rows[method] = {"skipped": "time budget spent"}
@@ -389,14 +476,14 @@ def stage_cpu_vs_gpu(ctx, budget: Budget) -> dict:
             if ctx.device.type == "cuda":
                 settings += [("gpu_float32", ctx.device, False), ("gpu_autocast", ctx.device, True)]
             for label, device, autocast in settings:
-                if not autocast:
-                    training.autocast_dtype = lambda dev: None
-                try:
-                    evals = training.evaluate_lengths(
-                        model, ctx.corpus.val, cfg, factors=factors, device=device
-                    )
-                finally:
-                    training.autocast_dtype = original
+                evals = evaluation.evaluate_lengths(
+                    model,
+                    ctx.corpus.val,
+                    cfg,
+                    factors=factors,
+                    device=device,
+                    amp_dtype="auto" if autocast else None,
+                )
                 row[label] = {str(r["factor"]): r["bpb"] for r in evals}
             for label in list(row):
                 if label != "cpu":
@@ -420,6 +507,15 @@ def _failure(exc: BaseException) -> dict:
     }
 
 
+def _toc_chapters() -> list[Path]:
+    """The book's chapters in the order of ``_toc.yml``."""
+    import re
+
+    toc = (ROOT / "_toc.yml").read_text()
+    names = re.findall(r"(?:root|file):\s*(\S+)", toc)
+    return [ROOT / f"{n}.ipynb" for n in names if (ROOT / f"{n}.ipynb").is_file()]
+
+
 class Context:
     def __init__(self, args):
         self.device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -428,7 +524,11 @@ class Context:
         self.steps = args.steps
         self.factors = (1, 4, 16)
         self.flex_lengths = tuple(args.flex_lengths)
-        self.speed_lengths = (4096, 16384, 32768)
+        self.speed_lengths = (4096, 8192, 16384, 32768)
+        self.out = args.out
+        self.chapters = [Path(p) for p in args.chapters] if args.chapters else _toc_chapters()
+        self.full_methods = tuple(args.full_methods)
+        self.full_overrides = {}
         overrides = {}
         if args.smoke:
             self.steps = min(self.steps, 3)
@@ -436,7 +536,9 @@ class Context:
             self.flex_lengths = (64,)
             self.speed_lengths = (256,)
             overrides = {"dim": 32, "heads": 4, "eval_tokens": 512, "train_len": 32}
-        self.config = training.get_config("quick", **overrides)
+            self.full_overrides = {**overrides, "steps": 3, "eval_factors": (1, 2), "val_every": 0,
+                                   "eval_spread": False, "corpus_bytes": 200_000}  # fmt: skip
+        self.config = lab_config.get_config("quick", **overrides)
         corpus_bytes = 200_000 if args.smoke else self.config.corpus_bytes
         self.corpus = load_corpus(max_bytes=corpus_bytes)
         self.trained: dict = {}
@@ -462,6 +564,15 @@ def parse_args(argv=None):
     )
     p.add_argument("--flex-lengths", type=int, nargs="+", default=[256, 2048], metavar="N")
     p.add_argument("--steps", type=int, default=100)
+    p.add_argument(
+        "--chapters", nargs="+", metavar="NOTEBOOK", help="chapters to run (default: _toc.yml's)"
+    )
+    p.add_argument(
+        "--full-methods",
+        nargs="+",
+        default=list(FULL_METHODS),
+        help=f"methods of the full stage (default: {' '.join(FULL_METHODS)})",
+    )
     p.add_argument("--budget", type=float, default=480.0, help="seconds for all stages together")
     p.add_argument("--smoke", action="store_true", help="tiny sizes, for a CPU test")
     args = p.parse_args(argv)
@@ -471,6 +582,9 @@ def parse_args(argv=None):
         p.error(f"--stages: unknown {unknown}; choose from {STAGES}")
     if min(args.flex_lengths) < 1:
         p.error(f"--flex-lengths must be >= 1, got {args.flex_lengths}")
+    missing = [c for c in args.chapters or [] if not Path(c).is_file()]
+    if missing:
+        p.error(f"--chapters: no such notebook {missing}")
     if args.steps < 1:
         p.error(f"--steps must be >= 1, got {args.steps}")
     if not args.budget > 0:
@@ -484,7 +598,15 @@ def main(argv=None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / "gpu_check.json"
     ctx = Context(args)
-    report = {"command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]), "stages": {}}
+    report = {
+        "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
+        "provenance": {
+            "commit": checkout_commit(),
+            "created_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "budget_s": args.budget,
+        },
+        "stages": {},
+    }
     functions = {name: globals()[f"stage_{name}"] for name in STAGES}
     for name in STAGES:
         if name not in args.stages:

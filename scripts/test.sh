@@ -1,11 +1,23 @@
 #!/usr/bin/env bash
 # Everything CI checks, in order: set-up (idempotent), ruff (lint and format), the book build
-# (the browser test reads _build/html), then ONE pytest run over tests/ and the
-# notebooks in book/ (validated with nbval). Extra arguments go to pytest.
+# (the browser test reads _build/html), then ONE pytest run over tests/ and the notebooks
+# in book/ (validated with nbval), which prints its slowest tests.
+#
+#   bash scripts/test.sh            everything (CI runs this)
+#   bash scripts/test.sh --quick    the quick tier for iteration: ruff and the tests not
+#                                   marked slow or browser; no book build, no notebooks
+#
+# Other arguments go to pytest after these (e.g. `bash scripts/test.sh --quick -x -k fire`).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
+
+quick=0
+if [[ "${1:-}" == "--quick" ]]; then
+    quick=1
+    shift
+fi
 
 start=$SECONDS
 bash scripts/setup.sh
@@ -16,27 +28,20 @@ echo "[test] ruff check, ruff format --check"
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
 
-if [[ -f _toc.yml ]]; then
+if [[ $quick -eq 1 ]]; then
+    targets=(tests)
+    pytest_args=(-m "not slow and not browser")
+else
     t0=$SECONDS
     bash scripts/book.sh
     echo "[test] book built in $((SECONDS - t0)) s"
-else
-    echo "[test] no _toc.yml yet: skipping the book build"
+    targets=(tests book)
+    pytest_args=(--nbval --nbval-kernel-name python3 --nbval-sanitize-with book/sanitize.cfg)
 fi
-
-targets=(tests)
-nbval_args=()
-if compgen -G "book/*.ipynb" >/dev/null; then
-    targets+=(book)
-    nbval_args+=(--nbval --nbval-kernel-name python3)
-    if [[ -f book/sanitize.cfg ]]; then
-        nbval_args+=(--nbval-sanitize-with book/sanitize.cfg)
-    fi
-fi
-
-echo "[test] pytest ${targets[*]} ${nbval_args[*]}"
+echo "[test] pytest ${targets[*]} ${pytest_args[*]} $*"
 rc=0
-.venv/bin/python -m pytest "${targets[@]}" "${nbval_args[@]}" -p no:cacheprovider "$@" || rc=$?
+.venv/bin/python -m pytest "${targets[@]}" "${pytest_args[@]}" -p no:cacheprovider \
+    --durations=25 "$@" || rc=$?
 if [[ $rc -eq 5 ]]; then
     echo "[test] ERROR: pytest collected no tests" >&2
     exit 1

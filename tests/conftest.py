@@ -117,7 +117,7 @@ TINY_CONFIG_FIELDS = dict(
 
 def tiny_config(**overrides):
     """The lab tests' tiny :class:`~relbias.lab.training.Config`, with ``overrides``."""
-    from relbias.lab.training import Config
+    from relbias.lab.config import Config
 
     return Config(**{**TINY_CONFIG_FIELDS, **overrides})
 

@@ -1,15 +1,16 @@
 """Attention with a relative bias: :func:`biased_attention` and its backends.
 
 ``api`` holds the one entry point and its ``auto`` policy (:func:`choose_backend`);
-``prepared`` the prepared biases (the O(n) ingredients of one shape); ``table`` the O(n)
-table path; ``flex`` FlexAttention; ``fused`` the C++ CPU kernel (``csrc/``), imported
-on first use (``relbias.attention.fused`` works as an attribute too).
+``table`` the O(n) table path; ``flex`` FlexAttention; ``fused`` the C++ CPU kernel
+(``csrc/``), imported on first use (``relbias.attention.fused`` works as an attribute too).
+What the backends read of a bias is a prepared bias (the O(n) ingredients of one shape),
+which lives with the biases (:mod:`relbias.biases.prepared`) and is re-exported here.
 """
 
 import importlib
 
 from relbias.attention.api import BACKENDS, biased_attention, choose_backend
-from relbias.attention.prepared import (
+from relbias.biases.prepared import (
     FIREBias,
     ForgettingBias,
     OffsetTableBias,

@@ -5,7 +5,7 @@
 (here), the O(n) table path (:mod:`relbias.attention.table`), FlexAttention
 (:mod:`relbias.attention.flex`) and the fused C++ CPU kernel
 (:mod:`relbias.attention.fused`); what they read of a bias is a
-:class:`~relbias.attention.prepared.PreparedBias`.
+:class:`~relbias.biases.prepared.PreparedBias`.
 """
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ from torch.nn import functional as F
 
 from relbias._checks import autocast_enabled, check_bool, check_lengths, needs_grad, no_autocast
 from relbias.attention.flex import FLEX_DTYPES, flex_attention_with_bias
-from relbias.attention.prepared import PreparedBias, visible
 from relbias.attention.table import table_attention
 from relbias.biases.base import DataDependentBias, RelativeBias
+from relbias.biases.prepared import PreparedBias, visible
 
 __all__ = [
     "BACKENDS",
@@ -35,7 +35,7 @@ BACKENDS = ("auto", "materialize", "table", "flex", "fused")
 
 #: What ``backend="auto"`` takes on the CPU when no gradient is needed, in order of
 #: preference: the first that can compute the attention. Measured on a 2-core CPU
-#: (benchmarks/results/cpu.json): the fused kernel (:mod:`relbias.attention.fused`, float32
+#: (relbias/bench/results/cpu.json): the fused kernel (:mod:`relbias.attention.fused`, float32
 #: or bfloat16, where a C++ compiler could build it) runs nearest the speed of bias-free
 #: attention, the strided-table path next; FlexAttention's CPU kernel (forward only) is
 #: about 3x slower than bias-free attention even with no bias.

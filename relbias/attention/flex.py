@@ -3,7 +3,7 @@ r"""FlexAttention: the bias computed inside a compiled attention kernel.
 ``biased_attention(..., backend="flex")`` computes the bias with FlexAttention's
 ``score_mod``: an offset-only family looks its value up in the O(n) table, FIRE
 evaluates its MLP for each score, the forget gate reads its cumulative log gates by batch
-and head (:meth:`~relbias.attention.prepared.PreparedBias.score_mod`).
+and head (:meth:`~relbias.biases.prepared.PreparedBias.score_mod`).
 Causal attention uses a block mask built from block coordinates
 (:func:`causal_block_mask`), so blocks above the diagonal are skipped. The kernel is
 compiled once per shape (:func:`compile_stats` counts compilations and their time); on
@@ -14,13 +14,13 @@ the CPU it runs forward only (PyTorch has no CPU backward for FlexAttention), an
 from __future__ import annotations
 
 import math
-from collections import OrderedDict
 
 import torch
 
+from relbias._cache import LRUCache
 from relbias._checks import needs_grad
-from relbias.attention._compile import _STATS, compile_stats, timed
-from relbias.attention.prepared import PreparedBias, visible
+from relbias._compile import _STATS, compile_stats, timed
+from relbias.biases.prepared import PreparedBias, visible
 
 __all__ = [
     "BLOCK_SIZE",
@@ -42,9 +42,13 @@ BLOCK_SIZE = 128
 #: table captured by ``score_mod``.
 SMALL_KERNEL_OPTIONS = {"num_stages": 1, "BLOCK_M": 64, "BLOCK_N": 64}
 
-_SMALL_KERNEL_KEYS: set = set()
-_BLOCK_MASKS: OrderedDict = OrderedDict()
-_MAX_BLOCK_MASKS = 64
+#: At most this many block masks are kept (the latest shapes) ...
+BLOCK_MASKS_KEPT = 64
+#: ... and this many calls remembered as needing :data:`SMALL_KERNEL_OPTIONS`.
+SMALL_KERNEL_KEYS_KEPT = 256
+
+_SMALL_KERNEL_KEYS = LRUCache(SMALL_KERNEL_KEYS_KEPT)
+_BLOCK_MASKS = LRUCache(BLOCK_MASKS_KEPT)
 _COMPILED = None
 
 
@@ -68,14 +72,14 @@ def causal_block_mask(q_len, k_len, q_start, device, block_size=BLOCK_SIZE):
     """FlexAttention's block mask for causal attention of queries at ``q_start ..``.
 
     Built from block coordinates (O((n/block)^2) integers), not by evaluating the
-    mask at all ``q_len x k_len`` points; cached per shape.
+    mask at all ``q_len x k_len`` points; cached per shape (the latest
+    :data:`BLOCK_MASKS_KEPT`).
     """
     from torch.nn.attention.flex_attention import BlockMask
 
     device = torch.device(device)
     key = (q_len, k_len, q_start, str(device), block_size)
     if key in _BLOCK_MASKS:
-        _BLOCK_MASKS.move_to_end(key)
         return _BLOCK_MASKS[key]
     nq, nk = math.ceil(q_len / block_size), math.ceil(k_len / block_size)
     qb = torch.arange(nq, device=device)
@@ -105,15 +109,13 @@ def causal_block_mask(q_len, k_len, q_start, device, block_size=BLOCK_SIZE):
         seq_lengths=(q_len, k_len),
     )
     _BLOCK_MASKS[key] = mask
-    while len(_BLOCK_MASKS) > _MAX_BLOCK_MASKS:
-        _BLOCK_MASKS.popitem(last=False)
     return mask
 
 
 def flex_attention_with_bias(q, k, v, bias: PreparedBias | None, *, causal=True, q_start=None):
     """FlexAttention with ``bias`` computed inside the kernel (``score_mod``).
 
-    ``bias`` is a :class:`~relbias.attention.prepared.PreparedBias` of this shape (it
+    ``bias`` is a :class:`~relbias.biases.prepared.PreparedBias` of this shape (it
     places the queries) or None; with no bias, ``q_start`` places them (default: the
     last ``q_len`` of the keys). The lengths are checked by the caller
     (:func:`relbias.biased_attention` checks them once). The kernel is compiled on the
@@ -155,13 +157,13 @@ def flex_attention_with_bias(q, k, v, bias: PreparedBias | None, *, causal=True,
         torch.is_grad_enabled(),
     )
     _STATS["calls"] += 1
-    if key not in _SMALL_KERNEL_KEYS:
+    if not (key in _SMALL_KERNEL_KEYS and _SMALL_KERNEL_KEYS[key]):  # (a read keeps it)
         try:
             return timed(_compiled_flex(), key)(q, k, v, score_mod=score_mod, block_mask=block_mask)
         except Exception as exc:  # Inductor's errors have no public class to catch
             if "out of resource" not in str(exc):
                 raise
-            _SMALL_KERNEL_KEYS.add(key)
+            _SMALL_KERNEL_KEYS[key] = True
     small = (*key, "small kernel options")
     return timed(_compiled_flex(), small)(
         q, k, v, score_mod=score_mod, block_mask=block_mask, kernel_options=SMALL_KERNEL_OPTIONS

@@ -20,12 +20,12 @@ through them to the module's parameters:
   of consecutive offsets, so the table's gradient is summed per offset with vector adds;
 * FIRE computes :math:`f_\theta(\psi(|i-j|) / \psi(\max(L, i)))` per score, with
   :math:`\psi(|i-j|)` read the same way and the MLP folded to its switching hidden
-  units (:meth:`relbias.attention.prepared.FIREBias.folded_mlp`); its backward takes
+  units (:meth:`relbias.biases.prepared.FIREBias.folded_mlp`); its backward takes
   each score's gradient through the MLP (its weights, the :math:`\psi` table and the
   per-row denominators);
 * the forget gate (:class:`relbias.ForgettingGate`) adds :math:`F_i - F_j` from the
   cumulative log gates of each sequence and head, read as two float32 parts
-  (:class:`~relbias.attention.prepared.ForgettingBias`); :math:`F` does not increase, so
+  (:class:`~relbias.biases.prepared.ForgettingBias`); :math:`F` does not increase, so
   :math:`F_{i_0} - F_{c_1}` bounds a block of keys before its queries and strongly
   forgetting heads skip far blocks; the backward adds each score's gradient to its query's
   and subtracts it from its key's :math:`F`.
@@ -78,8 +78,8 @@ from pathlib import Path
 
 import torch
 
-from relbias._checks import needs_grad
-from relbias.attention.prepared import PreparedBias
+from relbias._checks import check_int, needs_grad
+from relbias.biases.prepared import PreparedBias
 
 __all__ = [
     "Q_BLOCK",
@@ -96,9 +96,10 @@ __all__ = [
 
 #: The C++ source of the kernel.
 SOURCE = Path(__file__).with_name("csrc") / "fused_attention.cpp"
-#: Query rows per block (each block is one task for a thread) ...
+#: The default of ``q_block``: query rows per block (each block is one task for a thread) ...
 Q_BLOCK = 128
-#: ... and keys per block of scores (``Q_BLOCK x KV_BLOCK`` floats stay in the cache).
+#: ... and of ``kv_block``: keys per block of scores (``q_block x kv_block`` floats stay in
+#: the cache).
 KV_BLOCK = 512
 
 _LOCK = threading.Lock()
@@ -328,9 +329,9 @@ class _FusedAttention(torch.autograd.Function):
     """The kernel's forward and backward as one differentiable operation."""
 
     @staticmethod
-    def forward(ctx, family, highest, q_start, causal, q, k, v, *tensors):
+    def forward(ctx, family, highest, extra, q, k, v, *tensors):
+        # extra: (q_start, causal, q_block, kv_block)
         ops = torch.ops.relbias_fused
-        extra = (q_start, causal, Q_BLOCK, KV_BLOCK)
         out, lse, _ = getattr(ops, f"{family}_forward")(
             q, k, v, *_op_arguments(tensors, highest), *extra
         )
@@ -349,10 +350,10 @@ class _FusedAttention(torch.autograd.Function):
         # an op returns the gradients of the first tensors (the forget gate: of lo, not of
         # hi, which carries none)
         bias_grads += [None] * (len(tensors) - len(bias_grads))
-        return (None, None, None, None, dq, dk, dv, *bias_grads)
+        return (None, None, None, dq, dk, dv, *bias_grads)
 
 
-def _run(q, k, v, bias: PreparedBias, causal: bool):
+def _run(q, k, v, bias: PreparedBias, causal: bool, q_block: int, kv_block: int):
     """The kernel's forward: ``(out, lse, counts)``, after the checks of :func:`fused_attention`."""
     reason = _why_not(q, k, v, bias)
     if reason is None and not available():
@@ -360,38 +361,62 @@ def _run(q, k, v, bias: PreparedBias, causal: bool):
     if reason is not None:
         raise RuntimeError(f"backend='fused' cannot compute this attention: {reason}")
     bias.check_shape(q.shape[1], q.shape[2], k.shape[2], bias.q_start, causal, batch=q.shape[0])
+    q_block = check_int("q_block", q_block, minimum=1)
+    kv_block = check_int("kv_block", kv_block, minimum=1)
     family, tensors, highest = bias.kernel_inputs(causal)
+    extra = (bias.q_start, causal, q_block, kv_block)
     if needs_grad(q, k, v, *tensors):
-        out = _FusedAttention.apply(family, highest, bias.q_start, causal, q, k, v, *tensors)
-        return out, None, None
+        return _FusedAttention.apply(family, highest, extra, q, k, v, *tensors), None, None
     with torch.no_grad():
         out, lse, counts = getattr(torch.ops.relbias_fused, f"{family}_forward")(
-            q, k, v, *_op_arguments(tensors, highest), bias.q_start, causal, Q_BLOCK, KV_BLOCK
+            q, k, v, *_op_arguments(tensors, highest), *extra
         )
     return out.to(q.dtype), lse, counts
 
 
-def fused_attention(q, k, v, bias: PreparedBias, *, causal: bool = True) -> torch.Tensor:
+def fused_attention(
+    q,
+    k,
+    v,
+    bias: PreparedBias,
+    *,
+    causal: bool = True,
+    q_block: int = Q_BLOCK,
+    kv_block: int = KV_BLOCK,
+) -> torch.Tensor:
     """Attention with ``bias`` computed inside the fused kernel: ``[batch, heads, q_len, v_dim]``.
 
     Differentiable: with gradients on, the kernel's backward gives the gradients of
     ``q``, ``k``, ``v`` and of the prepared bias's tensors (hence of the module's
     parameters). Equal to the materialised path within float32 rounding (bfloat16
-    inputs: within bfloat16's rounding of the inputs and the output). Raises
+    inputs: within bfloat16's rounding of the inputs and the output), whatever the
+    blocks: ``q_block`` query rows (one task for a thread) against ``kv_block`` keys at a
+    time (defaults :data:`Q_BLOCK`, :data:`KV_BLOCK`). The bias's gradient is summed in a
+    fixed order: the same bits on every run, whatever the threads. Raises
     ``RuntimeError`` naming the reason where the kernel cannot run (see
     :func:`unavailable_reason`).
     """
-    return _run(q, k, v, bias, causal)[0]
+    return _run(q, k, v, bias, causal, q_block, kv_block)[0]
 
 
-def block_counts(q, k, v, bias: PreparedBias, *, causal: bool = True) -> dict:
+def block_counts(
+    q,
+    k,
+    v,
+    bias: PreparedBias,
+    *,
+    causal: bool = True,
+    q_block: int = Q_BLOCK,
+    kv_block: int = KV_BLOCK,
+) -> dict:
     """How many (query block, key block) pairs the forward computed and how many it skipped.
 
     A block is skipped when no weight in it can reach :math:`2^{-64}` of its row's
-    largest (the module docstring). Runs the forward once, without gradients.
+    largest (the module docstring). Runs the forward once, without gradients, in blocks of
+    ``q_block`` query rows and ``kv_block`` keys (as :func:`fused_attention`).
     """
     with torch.no_grad():
-        _, _, counts = _run(q, k, v, bias, causal)
+        _, _, counts = _run(q, k, v, bias, causal, q_block, kv_block)
     computed, skipped = (int(c) for c in counts)
     return {"computed": computed, "skipped": skipped}
 

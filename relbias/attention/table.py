@@ -2,7 +2,7 @@ r"""The O(n) table path: a relative bias through strided masks of the fused SDPA
 
 For a family that depends on the offset ``i - j`` alone, the whole bias is a Toeplitz
 matrix read from a table of ``q_len + k_len - 1`` values per head
-(:class:`~relbias.attention.prepared.OffsetTableBias`). Reversing the order of the query
+(:class:`~relbias.biases.prepared.OffsetTableBias`). Reversing the order of the query
 rows turns it into a Hankel matrix, which *is* a strided view of the reversed table
 (strides ``(1, 1)``, no copy): PyTorch's fused attention kernel reads that view as its
 mask. Causal attention runs in blocks of query rows, each against the keys it can see,
@@ -10,7 +10,7 @@ with ``-inf`` in the table for future keys; long sequences on the CPU run in til
 split each block's past keys from its causal triangle and join the two by their
 log-sum-exp, so that no score above the diagonal is computed in vain. FIRE, which also
 depends on the absolute query position, is evaluated block by block instead
-(:class:`~relbias.attention.prepared.FIREBias`), so that no ``q_len x k_len`` tensor
+(:class:`~relbias.biases.prepared.FIREBias`), so that no ``q_len x k_len`` tensor
 exists at once.
 
 Device-agnostic: every index and mask is built on the inputs' device from O(n) tables
@@ -21,13 +21,13 @@ from __future__ import annotations
 
 import math
 import threading
-from collections import OrderedDict
 
 import torch
 from torch.nn import functional as F
 
-from relbias._checks import check_int, needs_grad
-from relbias.attention.prepared import OffsetTableBias, PreparedBias, reversed_hankel
+from relbias._cache import LRUCache
+from relbias._checks import check_bool, check_int, needs_grad
+from relbias.biases.prepared import OffsetTableBias, PreparedBias, reversed_hankel
 
 __all__ = [
     "STRIP_ROWS",
@@ -43,45 +43,75 @@ __all__ = [
 TABLE_BLOCKS = 5
 #: ... and blocks have at least this many rows.
 TABLE_MIN_BLOCK_ROWS = 256
-#: Up to this many scores (q_len x k_len), table_attention favours few operations over
-#: memory (on a busy CPU every parallel operation waits for a free core).
+#: The default of :func:`table_attention`'s ``small_attention``: up to this many scores
+#: (q_len x k_len) it favours few operations over memory (on a busy CPU every parallel
+#: operation waits for a free core).
 SMALL_ATTENTION = 4096 * 4096
 #: At most this many bias entries (heads x rows x keys) per block for FIRE.
 FIRE_BLOCK_ENTRIES = 1 << 23
 #: ... and per block on a GPU, whose attention kernels copy a strided mask into an aligned
 #: one (measured on CUDA: one block of all rows copied the whole [heads, n, n] bias).
 DEVICE_BLOCK_ENTRIES = 1 << 23
-#: Causal self-attention with an offset-only bias (float32 on the CPU, no gradients)
-#: runs in tiles of ``TILE_ROWS`` query rows: see :func:`_tiled_table_attention`.
+#: The defaults of :func:`table_attention`'s tiles: causal self-attention with an
+#: offset-only bias (float32 on the CPU, no gradients) runs in tiles of ``TILE_ROWS`` query
+#: rows (``tile_rows``; see :func:`_tiled_table_attention`) ...
 TILE_ROWS = 1024
-#: ... each tile's own causal triangle in strips of ``STRIP_ROWS`` rows, and up to
-#: ``TILE_GROUP_ROWS`` rows at once (a few copies of that many rows is the extra memory).
+#: ... each tile's own causal triangle in strips of ``STRIP_ROWS`` rows (``strip_rows``),
+#: and up to ``TILE_GROUP_ROWS`` rows at once (``group_rows``: a few copies of that many
+#: rows is the extra memory).
 STRIP_ROWS = 256
 TILE_GROUP_ROWS = 4096
 
 _flash_cpu = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
 
 
-def table_attention(q, k, v, bias: PreparedBias, *, causal=True, block_rows=None):
+def table_attention(
+    q,
+    k,
+    v,
+    bias: PreparedBias,
+    *,
+    causal=True,
+    block_rows=None,
+    tile_rows=TILE_ROWS,
+    strip_rows=STRIP_ROWS,
+    group_rows=TILE_GROUP_ROWS,
+    small_attention=SMALL_ATTENTION,
+    compiled=True,
+):
     """Attention with ``bias`` added through a strided mask, no ``q_len x k_len`` tensor.
 
     ``q`` is ``[batch, heads, q_len, head_dim]``, ``bias`` a
-    :class:`~relbias.attention.prepared.PreparedBias` of this shape (its ``q_start``
+    :class:`~relbias.biases.prepared.PreparedBias` of this shape (its ``q_start``
     places the queries); the query rows run in reversed order so that an offset-only
     bias is a zero-copy view of its table (see the module docstring). Causal attention
-    runs in blocks of ``block_rows`` query rows, each against the keys it can see; long
-    causal self-attention with an offset-only bias runs in tiles instead
-    (:func:`_tiled_table_attention`). Equal to the materialised path within float
-    rounding.
+    runs in blocks of ``block_rows`` query rows (default: :func:`default_block_rows`),
+    each against the keys it can see. Unless ``block_rows`` is given, long causal
+    self-attention with an offset-only bias (float32 on the CPU, no gradients, at least
+    ``tile_rows`` queries) runs in tiles of ``tile_rows`` rows instead, each tile's causal
+    triangle in strips of ``strip_rows`` rows (a divisor of ``tile_rows``), ``group_rows``
+    rows of tiles at a time (:func:`_tiled_table_attention`; defaults :data:`TILE_ROWS`,
+    :data:`STRIP_ROWS`, :data:`TILE_GROUP_ROWS`). Up to ``small_attention`` scores
+    (``q_len * k_len``, default :data:`SMALL_ATTENTION`) the blocks run as few large
+    operations, beyond it one block at a time (the least memory). ``compiled``: FIRE's
+    blocks may use its compiled block kernel (False: eager PyTorch). Equal to the
+    materialised path within float rounding.
     """
     batch, heads, q_len, _ = q.shape
     k_len = k.shape[2]
     bias.check_shape(heads, q_len, k_len, bias.q_start, causal, batch=batch)
+    tile_rows = check_int("tile_rows", tile_rows, minimum=1)
+    strip_rows = check_int("strip_rows", strip_rows, minimum=1)
+    group_rows = check_int("group_rows", group_rows, minimum=1)
+    small_attention = check_int("small_attention", small_attention, minimum=0)
+    compiled = check_bool("compiled", compiled)
+    if tile_rows % strip_rows:
+        raise ValueError(f"tile_rows ({tile_rows}) must be a multiple of strip_rows ({strip_rows})")
     out, tiled = None, 0
-    if block_rows is None and _tiles_apply(q, k, v, bias, causal):
+    if block_rows is None and _tiles_apply(q, k, v, bias, causal, tile_rows):
         out = q.new_empty(batch, heads, q_len, v.shape[-1])
-        tiled = _tiled_table_attention(q, k, v, bias, out)
-        block_rows = STRIP_ROWS  # the rows after the last whole tile
+        tiled = _tiled_table_attention(q, k, v, bias, out, tile_rows, strip_rows, group_rows)
+        block_rows = strip_rows  # the rows after the last whole tile
     if block_rows is None:
         block_rows = default_block_rows(bias, causal)
     block_rows = check_int("block_rows", block_rows, minimum=1)
@@ -89,12 +119,12 @@ def table_attention(q, k, v, bias: PreparedBias, *, causal=True, block_rows=None
 
     def block(rows, start, stop):  # rows: the queries start..stop-1 in reversed order
         k_stop = min(k_len, bias.q_start + stop) if causal else k_len
-        mask = bias.flipped_rows(start, stop, k_stop, causal, q.dtype)
+        mask = bias.flipped_rows(start, stop, k_stop, causal, q.dtype, compiled=compiled)
         return F.scaled_dot_product_attention(
             rows, k[:, :, :k_stop], v[:, :, :k_stop], attn_mask=mask
         )
 
-    if out is None and q_len * k_len <= SMALL_ATTENTION:
+    if out is None and q_len * k_len <= small_attention:
         # Few large operations (each one a parallel region): reverse q once, join the
         # blocks once, reverse the output once.
         reversed_q = q.flip(2)
@@ -127,7 +157,7 @@ def default_block_rows(bias: PreparedBias, causal: bool = True) -> int:
     return max(TABLE_MIN_BLOCK_ROWS, math.ceil(bias.q_len / TABLE_BLOCKS))
 
 
-def _tiles_apply(q, k, v, bias, causal) -> bool:
+def _tiles_apply(q, k, v, bias, causal, tile_rows=TILE_ROWS) -> bool:
     """Whether :func:`_tiled_table_attention` can compute (part of) this attention."""
     return (
         causal
@@ -137,29 +167,29 @@ def _tiles_apply(q, k, v, bias, causal) -> bool:
         and k.dtype == v.dtype == torch.float32
         and q.shape[-1] == v.shape[-1]
         and bias.k_len == bias.q_start + bias.q_len
-        and bias.q_len >= TILE_ROWS
-        and TILE_ROWS % STRIP_ROWS == 0
+        and bias.q_len >= tile_rows
         and not needs_grad(q, k, v, bias)
     )
 
 
-def _tiled_table_attention(q, k, v, bias: OffsetTableBias, out: torch.Tensor) -> int:
-    """Causal attention of the first ``q_len // TILE_ROWS`` tiles of query rows, into ``out``.
+def _tiled_table_attention(
+    q, k, v, bias: OffsetTableBias, out: torch.Tensor, tile: int, strip: int, group_rows: int
+) -> int:
+    """Causal attention of the first ``q_len // tile`` tiles of query rows, into ``out``.
 
     Returns the number of rows done.
 
     Blocks of rows with ``-inf`` for future keys compute, and throw away, the upper
     half of every block's diagonal square. Tiles waste no more than the kernel's own
     causal shortcut: a tile meets the keys before it in one call (every one of them
-    visible), and its own causal triangle in strips of ``STRIP_ROWS`` rows; the
+    visible), and its own causal triangle in strips of ``strip`` rows; the
     triangle's bias is the same in every tile, so one call runs a strip of several
     tiles. The fused kernel returns each part's log-sum-exp, which weighs the two
     parts: ``lerp(triangle, past, sigmoid(lse_past - lse_triangle))``. Query rows run
-    reversed within each tile (a Hankel mask), ``TILE_GROUP_ROWS`` rows at a time, in
+    reversed within each tile (a Hankel mask), ``group_rows`` rows at a time, in
     buffers kept between calls.
     """
     batch, heads, q_len, dim = q.shape
-    tile, strip = TILE_ROWS, STRIP_ROWS
     table = bias.reversed_table(True, q.dtype)  # offsets in reversed order, -inf < 0
 
     def by_tile(x):  # [batch, heads, tiles, ...] -> [batch * tiles, heads, ...]
@@ -168,7 +198,7 @@ def _tiled_table_attention(q, k, v, bias: OffsetTableBias, out: torch.Tensor) ->
     def from_tiles(x, tiles):
         return x.unflatten(0, (batch, tiles)).transpose(1, 2)
 
-    all_rows, group = q_len // tile * tile, max(1, TILE_GROUP_ROWS // tile) * tile
+    all_rows, group = q_len // tile * tile, max(1, group_rows // tile) * tile
     for start in range(0, all_rows, group):
         stop = min(all_rows, start + group)
         tiles, first_key = (stop - start) // tile, bias.q_start + start
@@ -226,11 +256,7 @@ def _workspace(name: str, shape, like: torch.Tensor) -> torch.Tensor:
     Memory that the allocator has just returned to the system page-faults on first use;
     keeping the tiles' two group-sized buffers saves that on every call.
     """
-    buffers = _WORKSPACE.__dict__.setdefault("buffers", OrderedDict())
+    if not hasattr(_WORKSPACE, "buffers"):
+        _WORKSPACE.buffers = LRUCache(WORKSPACE_BUFFERS)
     key = (name, tuple(shape), like.dtype, like.device)
-    if key not in buffers:
-        buffers[key] = like.new_empty(shape)
-        while len(buffers) > WORKSPACE_BUFFERS:
-            buffers.popitem(last=False)
-    buffers.move_to_end(key)
-    return buffers[key]
+    return _WORKSPACE.buffers.memo(key, lambda: like.new_empty(shape))

@@ -8,11 +8,11 @@ from __future__ import annotations
 import argparse
 import sys
 
-from relbias._stored import write_json
+from relbias._json import write_json
 from relbias.bench.config import FAMILIES, FULL_LENGTHS, QUICK_LENGTHS, BenchConfig, ConfigError
 from relbias.bench.memory import worker_main
 from relbias.bench.methods import ALL_METHODS
-from relbias.bench.report import format_tables, run
+from relbias.bench.report import RESULTS_DIR, format_tables, run
 
 
 def _csv(kind, what: str):
@@ -103,8 +103,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--out",
         default=None,
-        help="JSON file to write (default benchmarks/results/cpu.json, or "
-        "cpu-quick.json with --quick; '-' for none)",
+        help="JSON file to write (default: the stored results, relbias/bench/results/cpu.json, "
+        "or cpu-quick.json with --quick; '-' for none)",
     )
     p.add_argument("--memory-worker", default=None, help=argparse.SUPPRESS)
     return p
@@ -124,7 +124,7 @@ def _config(parser: argparse.ArgumentParser, args, argv) -> BenchConfig:
         backward_max = min(backward_max, max(lengths))
     out = args.out
     if out is None:
-        out = "benchmarks/results/" + ("cpu-quick.json" if args.quick else "cpu.json")
+        out = str(RESULTS_DIR / ("cpu-quick.json" if args.quick else "cpu.json"))
     settings = dict(
         lengths=list(lengths),
         families=args.families or list(FAMILIES),

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from relbias._stored import read_json
+from relbias._json import read_json
 from relbias.attention import flex
 from relbias.attention.fused import available as fused_available
 from relbias.bench.accuracy import bfloat16_accuracy
@@ -22,9 +22,8 @@ from relbias.bench.memory import MEMORY_METHOD, measure_memory
 from relbias.bench.methods import FAMILY_NOTES, METHOD_NOTES, applicable
 from relbias.bench.timing import TIMING_METHOD, time_family, torch_settings
 
-#: The stored reports: ``benchmarks/results`` of the repository (relbias/bench is two
-#: folders below its root).
-RESULTS_DIR = Path(__file__).resolve().parents[2] / "benchmarks" / "results"
+#: The stored reports, shipped with the package (the appendix reads them from an install too).
+RESULTS_DIR = Path(__file__).with_name("results")
 
 
 def run(config: BenchConfig, log=print) -> dict:
@@ -303,11 +302,10 @@ def _short(v):
 # Stored reports
 # ---------------------------------------------------------------------------------
 def load_report(path=None, *, name: str = "cpu") -> dict:
-    """A stored benchmark JSON: ``path``, or ``benchmarks/results/<name>.json``.
+    """A stored benchmark JSON: ``path``, or ``relbias/bench/results/<name>.json``.
 
     ``name="cpu"`` (default) is the full CPU run; ``"cpu_n4096_quiet"`` a second run of
-    the n = 4,096 forward timings only. Where the package was installed without
-    the repository (Colab), the named file is downloaded from the repository instead.
+    the n = 4,096 forward timings only. The stored files ship with the package.
     """
     if path is not None:
         return read_json(Path(path), RESULTS_DIR, what="benchmark")

@@ -1,5 +1,7 @@
 """The bias families: one module each, behind :class:`RelativeBias` (functions of positions)
-or :class:`DataDependentBias` (computed from the layer input: :class:`ForgettingGate`).
+or :class:`DataDependentBias` (computed from the layer input: :class:`ForgettingGate`), and
+their prepared forms (:mod:`relbias.biases.prepared`: the O(n) ingredients of one attention
+shape that the backends of :mod:`relbias.attention` read).
 
 PE(i, j) is a function of the offset ``i - j`` (FIRE also of the query position ``i``, the
 forget gate of the input between ``j`` and ``i``),
@@ -14,6 +16,13 @@ from relbias.biases.forgetting import ForgettingGate
 from relbias.biases.kerple import KerpleLog, KerplePower
 from relbias.biases.offset import OffsetBias
 from relbias.biases.positions import relative_positions
+from relbias.biases.prepared import (
+    FIREBias,
+    ForgettingBias,
+    OffsetTableBias,
+    PreparedBias,
+    prepare_bias,
+)
 from relbias.biases.registry import (
     BIAS_FAMILIES,
     BIAS_NAMES,
@@ -32,15 +41,20 @@ __all__ = [
     "DATA_DEPENDENT_NAMES",
     "DataDependentBias",
     "FIRE",
+    "FIREBias",
+    "ForgettingBias",
     "ForgettingGate",
     "KerpleLog",
     "KerplePower",
     "OffsetBias",
+    "OffsetTableBias",
+    "PreparedBias",
     "RelativeBias",
     "Sandwich",
     "T5Bias",
     "alibi_slopes",
     "make_bias",
+    "prepare_bias",
     "relative_positions",
     "t5_bucket",
 ]

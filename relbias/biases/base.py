@@ -7,6 +7,7 @@ from torch import nn
 
 from relbias._checks import check_bool, check_int, check_lengths, no_autocast
 from relbias.biases.positions import relative_positions, take_columns
+from relbias.biases.prepared import OffsetTableBias
 
 
 class RelativeBias(nn.Module):
@@ -101,9 +102,9 @@ class RelativeBias(nn.Module):
     def prepare(self, q_len, k_len=None, *, q_start=None):
         """The O(n) ingredients of this bias for one attention shape: a prepared bias.
 
-        An offset-only family returns an :class:`~relbias.attention.prepared.OffsetTableBias`
+        An offset-only family returns an :class:`~relbias.biases.prepared.OffsetTableBias`
         (its table of the ``q_len + k_len - 1`` offsets the shape meets); FIRE returns a
-        :class:`~relbias.attention.prepared.FIREBias`. Pass the result as ``bias`` to
+        :class:`~relbias.biases.prepared.FIREBias`. Pass the result as ``bias`` to
         :func:`relbias.biased_attention` (in every layer that shares the bias): the module
         runs once, and gradients still reach its parameters.
         """
@@ -117,8 +118,6 @@ class RelativeBias(nn.Module):
                 f"{type(self).__name__} depends on absolute positions and has no prepared form; "
                 "use backend='materialize'"
             )
-        from relbias.attention.prepared import OffsetTableBias  # the layer above, at call time
-
         table = self.offset_table(q_start - (k_len - 1), q_start + q_len - 1)
         return OffsetTableBias._unchecked(table, q_len, k_len, q_start, self.bidirectional)
 

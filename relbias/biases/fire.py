@@ -15,6 +15,7 @@ from relbias._checks import (
 )
 from relbias.biases.base import RelativeBias
 from relbias.biases.positions import relative_positions
+from relbias.biases.prepared import FIREBias
 
 
 class FIRE(RelativeBias):
@@ -87,14 +88,12 @@ class FIRE(RelativeBias):
 
     @property
     def preparable(self) -> bool:
-        """FIRE has a prepared form (:class:`~relbias.attention.prepared.FIREBias`)."""
+        """FIRE has a prepared form (:class:`~relbias.biases.prepared.FIREBias`)."""
         return True
 
     def _prepare(self, q_len, k_len, q_start):
         """FIRE's O(n) ingredients: psi of every offset, the denominator of every query row
         and the MLP's weights (all in float32, or float64 for a float64 module)."""
-        from relbias.attention.prepared import FIREBias  # the layer above, at call time
-
         dtype = compute_dtype(self.c)
         device = self.device
         offsets = torch.arange(q_start - (k_len - 1), q_start + q_len, device=device)

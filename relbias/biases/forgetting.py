@@ -10,6 +10,7 @@ from torch.nn import functional as F
 
 from relbias._checks import check_int, compute_dtype, no_autocast
 from relbias.biases.base import DataDependentBias
+from relbias.biases.prepared import ForgettingBias
 
 #: The gate logits' initial bias, as the reference code's data-dependent gate (zeros):
 #: f = sigmoid(0) = 0.5 at the start of training, so a key's weight halves per token until
@@ -45,7 +46,7 @@ class ForgettingGate(DataDependentBias):
     and ``lo = F - hi`` (carrying the gradient), and computes
     :math:`(hi_i - hi_j) + (lo_i - lo_j)`: :math:`hi_i - hi_j` is exact when the two lie
     within a factor 2 (Sterbenz), so the bias has float32's rounding of the true difference
-    (:class:`~relbias.attention.prepared.ForgettingBias`).
+    (:class:`~relbias.biases.prepared.ForgettingBias`).
 
     The gate is ``nn.Linear(dim, num_heads)``: weights drawn from
     :math:`\mathcal{N}(0, 0.02^2)` as in the reference code; its bias starts at
@@ -132,15 +133,13 @@ class ForgettingGate(DataDependentBias):
 
     def prepare(self, x, *, past=None):
         """The bias for queries at ``x``'s positions: a
-        :class:`~relbias.attention.prepared.ForgettingBias`.
+        :class:`~relbias.biases.prepared.ForgettingBias`.
 
         Its keys are the ``past_len`` earlier positions and then ``x``'s (``k_len =
         past_len + q_len``, ``q_start = past_len``). Pass it as ``bias`` to
         :func:`relbias.biased_attention` (any backend, causal); keep its ``.cumulative``
         (float64 ``F`` of every key) as ``past`` for the next decoding step.
         """
-        from relbias.attention.prepared import ForgettingBias  # the layer above, at call time
-
         F_new = self.cumulative(x, past)
         past_len = 0 if past is None else past.shape[-1]
         F_all = F_new if past is None else torch.cat([past, F_new], dim=-1)

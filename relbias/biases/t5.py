@@ -82,7 +82,8 @@ class T5Bias(RelativeBias):
 
     Buckets come from :func:`t5_bucket`. The table ``weight`` is
     ``[num_heads, num_buckets]`` and starts at zero. T5 itself shares one table across
-    all layers (a choice of the model, see :class:`relbias.TinyLM`). Raffel et al. (2020).
+    all layers (a choice of the model: one module, or one prepared bias, passed to every
+    layer). Raffel et al. (2020).
     """
 
     def __init__(self, num_heads, *, num_buckets=32, max_distance=128, bidirectional=False):

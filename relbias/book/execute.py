@@ -1,20 +1,27 @@
 """Executing the chapters: ``python -m relbias.book execute book/<chapter>.ipynb ...``
 
-Stores the outputs of a fresh top-to-bottom run (``CI=1``: the quick configuration on
-the CPU), without widget state or timings: the outputs that nbval then compares.
+:func:`execute_notebook` stores the outputs of a fresh top-to-bottom run (``CI=1``: the
+quick configuration on the CPU), without widget state or timings: the outputs that nbval
+then compares. :func:`chapter_report` runs a copy of a chapter as a reader would (on the
+GPU, if there is one, in the configuration the runtime banner picks there), without
+stopping at a failed cell, and reports its time, its peak GPU memory, the configuration
+it ran and which of its asserted claims did not hold (``scripts/gpu_check.py`` runs every
+chapter so).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import re
 import time
 from pathlib import Path
 
 import nbformat
 from nbclient import NotebookClient
 
-__all__ = ["execute_notebook", "main"]
+__all__ = ["chapter_report", "execute_notebook", "main"]
 
 
 def execute_notebook(path, *, timeout: int = 1800, kernel_name: str = "python3") -> float:
@@ -47,6 +54,78 @@ def execute_notebook(path, *, timeout: int = 1800, kernel_name: str = "python3")
     nb.metadata.pop("widgets", None)
     nbformat.write(nb, path)
     return time.perf_counter() - start
+
+
+# Appended to the copy that chapter_report runs: the peak GPU memory, as one JSON line.
+_PEAK_CELL = (
+    "import json as _json, torch as _torch\n"
+    "print('RELBIAS-PEAK', _json.dumps(_torch.cuda.max_memory_allocated() "
+    "if _torch.cuda.is_available() else None))"
+)
+
+
+def chapter_report(path, *, timeout: int = 1800, kernel_name: str = "python3", env=None) -> dict:
+    """Run a copy of chapter ``path`` top to bottom in its folder, through every cell even
+    after a failure, and report: ``seconds``, ``peak_gpu_mib`` (None on a CPU), ``banner``
+    (what the runtime banner printed: the device and configuration), ``claims`` (the
+    number of cells holding an ``assert``), ``failed`` (per failed cell: its index, tags,
+    first line, error name and message; an ``AssertionError`` is a claim that did not hold
+    on this run) and ``claims_held`` (True when no asserting cell failed). The chapter
+    itself is not changed. ``env``: environment variables for the run (e.g. without
+    ``CI``, which forces the quick configuration on the CPU)."""
+    path = Path(path)
+    nb = nbformat.read(path, as_version=4)
+    nb.cells.append(nbformat.v4.new_code_cell(_PEAK_CELL))
+    saved = dict(os.environ)
+    if env is not None:
+        os.environ.clear()
+        os.environ.update(env)
+    start = time.perf_counter()
+    try:
+        NotebookClient(
+            nb,
+            timeout=timeout,
+            kernel_name=kernel_name,
+            allow_errors=True,
+            store_widget_state=False,
+            resources={"metadata": {"path": str(path.parent)}},
+        ).execute()
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+    seconds = time.perf_counter() - start
+    failed, claims, banner, peak = [], 0, None, None
+    for index, cell in enumerate(nb.cells):
+        if cell.cell_type != "code":
+            continue
+        source = cell.source
+        first = source.strip().splitlines()[0][:120] if source.strip() else ""
+        claims += bool(re.search(r"^\s*assert\b", source, re.M))
+        for out in cell.get("outputs", []):
+            text = out.get("text", "") if out.get("output_type") == "stream" else ""
+            if "configuration:" in text and banner is None:
+                banner = text.strip().splitlines()[0]
+            if text.startswith("RELBIAS-PEAK"):
+                value = json.loads(text.split(None, 1)[1])
+                peak = None if value is None else round(value / 1024**2, 1)
+            if out.get("output_type") == "error":
+                failed.append(
+                    {
+                        "cell": index,
+                        "tags": list(cell.get("metadata", {}).get("tags", [])),
+                        "first_line": first,
+                        "error": out.get("ename"),
+                        "message": str(out.get("evalue", ""))[:500],
+                    }
+                )
+    return {
+        "seconds": round(seconds, 1),
+        "peak_gpu_mib": peak,
+        "banner": banner,
+        "claims": claims,
+        "failed": failed,
+        "claims_held": not any(f["error"] == "AssertionError" for f in failed),
+    }
 
 
 def main(argv=None) -> int:

@@ -6,7 +6,7 @@ draws or tabulates it, so that the notebook cells stay short. Figures are built 
 :func:`relbias.book.plots.figure` (no pyplot, nothing displayed twice) and returned;
 tables are returned as ``(rows, headers)`` for :func:`relbias.book.display.show_table`.
 A bias against the offset is drawn by :func:`relbias.book.plots.plot_bias_by_offset`
-and read by :func:`relbias.lab.training.learned_bias`, for every chapter.
+and read by :func:`relbias.lab.evaluation.learned_bias`, for every chapter.
 """
 
 from __future__ import annotations
@@ -18,8 +18,10 @@ import torch
 
 from relbias import FIRE, RelativeBias, alibi_slopes, make_bias
 from relbias.book.plots import figure
+from relbias.lab.evaluation import learned_bias
 from relbias.lab.model import BIAS_POSITIONS, default_bias_kwargs
-from relbias.lab.training import build_model, learned_bias, shade_interval
+from relbias.lab.plots import shade_interval
+from relbias.lab.training import build_model
 
 # --- ALiBi --------------------------------------------------------------------------------
 
@@ -388,7 +390,7 @@ def table_2_4_rows(results: dict, config, *, cost_length: int = 1024):
 def plot_window_loss(evals: dict, train_len: int, *, ax=None, window: int = 32):
     """Loss by position inside the longest window, one line per entry of ``evals``.
 
-    ``evals`` maps a label to the rows of :func:`relbias.lab.training.evaluate_lengths`; the
+    ``evals`` maps a label to the rows of :func:`relbias.lab.evaluation.evaluate_lengths`; the
     longest length's ``loss_by_position`` is smoothed by a running mean over ``window``.
     """
     if ax is None:
@@ -457,7 +459,7 @@ def difference_errors(cumulative: torch.Tensor, i: torch.Tensor, j: torch.Tensor
     :math:`(hi_i - hi_j) + (lo_i - lo_j)` in float32) and ``"rounding"`` (float32's own
     rounding of the true difference, the least any float32 result can be off).
     """
-    from relbias.attention.prepared import ForgettingBias
+    from relbias.biases.prepared import ForgettingBias
 
     exact = cumulative[i] - cumulative[j]
     f32 = cumulative.float()

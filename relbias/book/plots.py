@@ -1,14 +1,14 @@
 """The book's figure helper and the figures of any bias.
 
-- :func:`figure` builds a :class:`matplotlib.figure.Figure` and its axes directly (not
-  pyplot), so a helper never leaves a figure behind that Jupyter would display a second
-  time; every figure of the book is drawn through it.
+- :func:`figure` (from :mod:`relbias.lab.plots`) builds a :class:`matplotlib.figure.Figure`
+  and its axes directly (not pyplot), so a helper never leaves a figure behind that
+  Jupyter would display a second time; every figure of the book is drawn through it.
 - :func:`plot_bias_matrix`: PE(i, j) as a matrix per head; :func:`plot_bias_gallery`:
   one head of several biases side by side; :func:`plot_index_matrix`: every cell of an
   offset or bucket matrix labelled (u_5, ...).
 - :func:`plot_bias_by_offset`: PE against the offset i - j, a line per head, for one
   bias or a panel per bias; the book's only figure of a bias by offset. The values come
-  from :func:`relbias.lab.training.learned_bias`, the one read-back by offset.
+  from :func:`relbias.lab.evaluation.learned_bias`, the one read-back by offset.
 """
 
 from __future__ import annotations
@@ -22,10 +22,8 @@ from matplotlib import colormaps
 from matplotlib.figure import Figure
 
 from relbias import RelativeBias
-from relbias.lab.training import learned_bias
-
-# The widest figure, in inches: a page shows figures about 780 px wide (100 dpi).
-PAGE_WIDTH = 8.0
+from relbias.lab.evaluation import learned_bias
+from relbias.lab.plots import figure
 
 __all__ = [
     "figure",
@@ -34,20 +32,6 @@ __all__ = [
     "plot_bias_matrix",
     "plot_index_matrix",
 ]
-
-
-def figure(
-    width: float = 7.0, height: float = 3.2, *, nrows: int = 1, ncols: int = 1, **subplot_kw
-):
-    """A matplotlib Figure and its axes, built without pyplot (nothing is auto-displayed).
-
-    Returns ``(fig, axes)``; ``axes`` is a single Axes for 1 x 1, else a 2-D array.
-    """
-    # The book's pages show a figure about 780 px wide: wider figures would be shrunk,
-    # and their 9-pt labels with them, so no figure is wider than PAGE_WIDTH inches.
-    fig = Figure(figsize=(min(width, PAGE_WIDTH), height), layout="constrained")
-    axes = fig.subplots(nrows, ncols, squeeze=nrows * ncols == 1, **subplot_kw)
-    return fig, axes
 
 
 def _bias_tensor(bias, q_len: int, k_len: int | None, q_start: int | None) -> torch.Tensor:
@@ -171,7 +155,7 @@ def plot_bias_by_offset(
     ``bias`` is a :class:`~relbias.RelativeBias`, a :class:`~relbias.lab.model.TinyLM`
     with a bias, or a tensor ``[heads, offsets]`` (or ``[offsets]``) holding offsets
     ``min_offset ..``; or a dict of such, title to bias, for one panel each. Modules and
-    models are read by :func:`relbias.lab.training.learned_bias` at offsets
+    models are read by :func:`relbias.lab.evaluation.learned_bias` at offsets
     ``min_offset .. max_offset``; FIRE, which also depends on the query position, at the
     query ``query_position`` (default ``max_offset``).
 

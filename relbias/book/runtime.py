@@ -1,8 +1,8 @@
 """The runtime of a chapter: device, configuration and seeds, printed in stable words.
 
-:func:`runtime_banner` picks the device and the quick/full configuration, seeds
-everything, selects PNG figures and prints which, in words that are the same on every
-CPU run.
+:func:`runtime_banner` picks the device and the configuration (:func:`choose_config`:
+``quick`` on a CPU and in CI, the stored sweeps' ``medium`` on a GPU), seeds everything,
+selects PNG figures and prints which and why, in words that are the same on every CPU run.
 """
 
 from __future__ import annotations
@@ -15,9 +15,10 @@ import torch
 from IPython import get_ipython
 
 from relbias import __version__
-from relbias.lab.training import Config, get_config, pick_device, seed_everything
+from relbias.lab.config import Config, get_config
+from relbias.lab.device import pick_device, seed_everything
 
-__all__ = ["Runtime", "in_colab", "runtime_banner"]
+__all__ = ["GPU_CONFIG", "Runtime", "choose_config", "in_colab", "runtime_banner"]
 
 
 @dataclass(frozen=True)
@@ -47,25 +48,48 @@ def _use_png_figures() -> None:
             pass
 
 
+#: The configuration a chapter's live demo runs on a GPU: the stored sweeps' own, so that the
+#: live result can stand beside the stored interval of the same method.
+GPU_CONFIG = "medium"
+
+
+def choose_config(device: torch.device, config: str | None = None) -> tuple[str, str]:
+    """The configuration a chapter runs on ``device``, and why, in words.
+
+    ``config`` if given; else ``quick`` whenever ``CI`` is set (the book's stored outputs
+    come from a quick CPU run, which CI reproduces); else the environment variable
+    ``RELBIAS_CONFIG`` if set; else :data:`GPU_CONFIG` on a CUDA GPU and ``quick`` elsewhere.
+    """
+    if config is not None:
+        return config, "asked for"
+    if os.environ.get("CI"):
+        return "quick", "CI runs the quick configuration on the CPU"
+    if os.environ.get("RELBIAS_CONFIG"):
+        return os.environ["RELBIAS_CONFIG"], "RELBIAS_CONFIG"
+    if device.type == "cuda":
+        return GPU_CONFIG, "on a GPU: the stored sweeps' configuration"
+    return "quick", "on a CPU: the small configuration (a GPU runs the stored sweeps' one)"
+
+
 def runtime_banner(config: str | None = None, *, seed: int = 0, verbose: bool = True) -> Runtime:
     """Pick the device and configuration, seed everything, and print which were chosen.
 
-    - configuration: ``config`` if given, else :func:`relbias.lab.training.get_config`'s
-      choice: ``quick`` on every device, unless the environment variable
-      ``RELBIAS_CONFIG`` names another (and ``CI`` is not set: CI always runs ``quick``);
     - device: the CPU whenever ``CI`` is set (the stored outputs of the book come from a
-      CPU run, and CI must reproduce them), else :func:`relbias.lab.training.pick_device`'s
+      CPU run, and CI must reproduce them), else :func:`relbias.lab.device.pick_device`'s
       choice (CUDA if available, else the CPU);
+    - configuration: :func:`choose_config` (``quick`` on a CPU, the stored sweeps'
+      ``medium`` on a GPU, ``RELBIAS_CONFIG`` or ``config`` when given);
     - seeds Python, NumPy and torch with ``seed`` and selects PNG inline figures.
 
-    The printed line names only the device type and the configuration, so that it is
-    identical on every CPU run. Returns a :class:`Runtime`.
+    The printed lines name the device type, the configuration and why it was chosen, so
+    that they are identical on every CPU run. Returns a :class:`Runtime`.
     """
-    cfg = get_config(config)
     if os.environ.get("CI"):
         device = torch.device("cpu")
     else:
         device = pick_device(verbose=False)
+    name, why = choose_config(device, config)
+    cfg = get_config(name)
     seed_everything(seed)
     _use_png_figures()
     if verbose:
@@ -76,5 +100,5 @@ def runtime_banner(config: str | None = None, *, seed: int = 0, verbose: bool = 
             f"relbias {__version__} | device: {where} | configuration: {cfg.name} "
             f"(train_len={cfg.train_len}, {cfg.steps} steps)"
         )
-        print("(quick on every device; RELBIAS_CONFIG=full for the full configuration)")
+        print(f"(why this configuration: {why})")
     return Runtime(device=device, config=cfg)

@@ -1,39 +1,40 @@
 """The lab: a tiny language model with every positional method, its data, training,
-evaluation and the experiments behind the book's claims.
+evaluation, the experiments behind the book's claims and their stored results.
 
-Above the core (it imports :mod:`relbias.biases` and :mod:`relbias.attention`, never the
-book or the benchmarks). Needs the ``lab`` extra (numpy, tqdm).
+Above the core (it imports :mod:`relbias.biases`, :mod:`relbias.attention` and
+:mod:`relbias.rotary`, never the book or the benchmarks). Needs the ``lab`` extra (numpy,
+tqdm, matplotlib). One module per concept, each importing only those before it:
+
+- :mod:`~relbias.lab.config`: the named configurations (:class:`Config`, :func:`get_config`);
+- :mod:`~relbias.lab.device`: device, autocast, seeds, deterministic algorithms;
+- :mod:`~relbias.lab.data`: the byte corpus (the Python standard library's source);
+- :mod:`~relbias.lab.probe`: the recall probes and their batches;
+- :mod:`~relbias.lab.model`: :class:`TinyLM`;
+- :mod:`~relbias.lab.stats`: intervals over seeds, summaries, verdicts;
+- :mod:`~relbias.lab.results`: result files, provenance, the stored sweeps;
+- :mod:`~relbias.lab.evaluation`: bits per byte by length, recall accuracy, read-back;
+- :mod:`~relbias.lab.checkpoint`, :mod:`~relbias.lab.training`: the training loop;
+- :mod:`~relbias.lab.sweep`: the one sweep runner (seeds, checkpoints, summaries);
+- :mod:`~relbias.lab.experiments`, :mod:`~relbias.lab.ablations`,
+  :mod:`~relbias.lab.interpolation`: the experiments;
+- :mod:`~relbias.lab.plots`: every plot of the lab's results;
+- :mod:`~relbias.lab.cli`: ``python -m relbias.lab``.
 """
 
-from relbias.lab.data import load_corpus, make_recall_batch
-from relbias.lab.model import POSITION_NAMES, TinyLM
-from relbias.lab.training import (
-    Config,
-    build_model,
-    evaluate_lengths,
-    evaluate_retrieval,
-    get_config,
-    learned_bias,
-    learned_bias_from_results,
-    load_results,
-    pick_device,
-    save_results,
-    seed_everything,
-    train_lm,
+from relbias.lab.config import Config, get_config
+from relbias.lab.data import load_corpus
+from relbias.lab.device import pick_device, seed_everything
+from relbias.lab.evaluation import evaluate_lengths, evaluate_retrieval, learned_bias
+from relbias.lab.experiments import (
+    run_extrapolation,
+    run_retrieval,
+    train_and_evaluate,
+    train_and_probe,
 )
-
-# The experiment entry points load on first use: importing relbias.lab.experiments here
-# would make ``python -m relbias.lab.experiments`` warn that the module was imported twice.
-_EXPERIMENTS = ("run_extrapolation", "run_retrieval", "train_and_evaluate", "train_and_probe")
-
-
-def __getattr__(name: str):
-    if name in _EXPERIMENTS:
-        from relbias.lab import experiments
-
-        return getattr(experiments, name)
-    raise AttributeError(f"module 'relbias.lab' has no attribute {name!r}")
-
+from relbias.lab.model import POSITION_NAMES, TinyLM
+from relbias.lab.probe import make_recall_batch
+from relbias.lab.results import load_results, load_stored, made_with
+from relbias.lab.training import build_model, train_lm
 
 __all__ = [
     "POSITION_NAMES",
@@ -44,14 +45,14 @@ __all__ = [
     "evaluate_retrieval",
     "get_config",
     "learned_bias",
-    "learned_bias_from_results",
     "load_corpus",
     "load_results",
+    "load_stored",
+    "made_with",
     "make_recall_batch",
     "pick_device",
     "run_extrapolation",
     "run_retrieval",
-    "save_results",
     "seed_everything",
     "train_and_evaluate",
     "train_and_probe",

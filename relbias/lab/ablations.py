@@ -1,10 +1,10 @@
 """Ablations that test the chapters' explanations of T5, FIRE and the clipped offset table.
 
-``python -m relbias.lab.experiments ablation {t5,fire,offset} [--config medium] [--seeds ...]``
-runs one of them (:func:`run_ablation`); every variant is trained and evaluated at every
-length like a method of the extrapolation sweep, for every seed, with checkpoints and
-``--resume``. The result, ``ablation_<which>_<config>.json``, summarises each variant over
-seeds (mean and 95 % t-interval per length) and keeps every seed.
+``python -m relbias.lab ablation {t5,fire,offset,kerple,alibi_probe} [--config medium]
+[--seeds ...]`` runs one of them (:func:`run_ablation`); every variant is trained and
+evaluated at every length like a method of the extrapolation sweep, for every seed, with
+checkpoints and ``--resume``. The result, ``ablation_<which>_<config>.json``, summarises
+each variant over seeds (mean and 95 % t-interval per length) and keeps every seed.
 
 ``t5``
     T5 buckets with ``max_distance`` (the book's ``dist_max``) at ``m_l/4, m_l/2, m_l,
@@ -64,21 +64,24 @@ the summary holds each one over seeds under ``interventions``.
 from __future__ import annotations
 
 import copy
-import time
 
 import torch
 from torch import nn
 
+from relbias.lab.config import Config, get_config
 from relbias.lab.data import load_corpus
-from relbias.lab.training import (
-    Config,
-    evaluate_lengths,
-    evaluate_retrieval,
-    get_config,
-    learned_bias,
-    pick_device,
-    provenance,
+from relbias.lab.device import pick_device
+from relbias.lab.evaluation import evaluate_lengths, evaluate_retrieval, learned_bias
+from relbias.lab.experiments import train_and_evaluate, train_and_probe
+from relbias.lab.probe import probe_description
+from relbias.lab.results import check_tag
+from relbias.lab.stats import (
+    interval,
+    summarize_extrapolation,
+    summarize_interventions,
+    summarize_retrieval,
 )
+from relbias.lab.sweep import run_sweep
 
 ABLATIONS = ("t5", "fire", "offset", "kerple", "alibi_probe")
 DEFAULT_DIST_MAX_FACTORS = (0.25, 0.5, 1.0, 2.0)
@@ -416,7 +419,6 @@ def run_ablation(
     config: Config | None = None,
     *,
     seeds=(0,),
-    out=None,
     device=None,
     progress: bool = True,
     factors=None,
@@ -429,33 +431,19 @@ def run_ablation(
     tag: str | None = None,
     **options,
 ) -> dict:
-    """Run ablation ``which`` for every variant and seed; returns (and writes) the results.
+    """Run ablation ``which`` for every variant and seed through the sweep runner
+    (:func:`relbias.lab.sweep.run_sweep`); returns the results.
 
     ``options``: ``dist_max_factors``, ``buckets`` (t5); ``max_shift`` (fire).
     ``variants``: the variant names to run (default all); ``tag`` names the file
     ``ablation_<which>_<config>_<tag>.json``.
     """
-    from relbias.lab.experiments import (
-        INTERVAL_NOTE,
-        _check_seeds,
-        _sweep_identity,
-        check_tag,
-        run_seeds,
-        summarize_extrapolation,
-        summarize_retrieval,
-        train_and_evaluate,
-        train_and_probe,
-    )
-    from relbias.lab.stats import interval
-
     tag = check_tag(tag)
     config = config or get_config()
     chosen = {v["name"]: v for v in variants_for(which, config, variants=variants, **options)}
-    seeds = _check_seeds(seeds)
     probe = which == "alibi_probe"
     corpus = None if probe else load_corpus(max_bytes=config.corpus_bytes)
     device = device or pick_device(verbose=verbose)
-    start = time.perf_counter()
 
     def run_one(name, seed, train_kwargs):
         v = chosen[name]
@@ -494,96 +482,47 @@ def run_ablation(
             record.update(offset_details(record, cfg))
         return record
 
-    identity = _sweep_identity(
-        f"ablation_{which}", config, list(chosen), seeds, factors=factors, options=options
-    )
-    per = run_seeds(
-        run_one,
+    summarize = summarize_retrieval if probe else summarize_extrapolation
+    results = run_sweep(
+        "ablation",
+        config,
         list(chosen),
         seeds,
-        identity=identity,
+        run_one,
+        lambda per_seed: _ablation_summary(per_seed, summarize),
+        device=device,
+        identity_extra={"ablation": which, "factors": factors, "options": options},
         checkpoint_dir=checkpoint_dir,
         resume=resume,
         checkpoint_seconds=checkpoint_seconds,
         checkpoint_every=checkpoint_every,
         verbose=verbose,
     )
-    summarize = summarize_retrieval if probe else summarize_extrapolation
-    summaries = {}
+    results["ablation"] = which
     for name, v in chosen.items():
-        summary = summarize(per[name])
-        summary["variant"] = {k: val for k, val in v.items() if k != "name"}
-        if which == "t5":
-            mono = {s: {**r, "eval": r["eval_monotone"]} for s, r in per[name].items()}
-            summary["eval_monotone"] = summarize_extrapolation(mono)["eval"]
-        for key in ("within_train_len_bpb", "past_train_len_bpb"):
-            if key in next(iter(per[name].values())):
-                summary[key] = interval([r[key] for r in per[name].values()])
-        interventions = summarize_interventions(per[name], summarize)
-        if interventions:
-            summary["interventions"] = interventions
-        summaries[name] = summary
-    results = {
-        "kind": "ablation",
-        "ablation": which,
-        "methods": summaries,
-        "seeds": seeds,
-        "interval": INTERVAL_NOTE,
-        "provenance": provenance(config, device, wall_s=time.perf_counter() - start),
-    }
-    if corpus is not None:
-        results["corpus"] = corpus.describe(with_files=False)
+        results["methods"][name]["variant"] = {k: val for k, val in v.items() if k != "name"}
+    if probe:
+        results["probe"] = probe_description(config)
     else:
-        from relbias.lab.experiments import _probe_description
-
-        results["probe"] = _probe_description(config)
+        results["corpus"] = corpus.describe(with_files=False)
     if tag is not None:
         results["tag"] = tag
-    if out is not None:
-        write_ablation(results, out)
     return results
 
 
-def summarize_interventions(per_seed: dict, summarize) -> dict:
-    """Each intervention of the records ``{seed: record}`` over seeds: its evaluation rows
-    summarised as the plain ones (``summarize``), and a t-interval of every number it
-    holds per seed (``within_train_len_bpb``, ...)."""
-    from relbias.lab.stats import interval
-
+def _ablation_summary(per_seed: dict, summarize) -> dict:
+    """A variant's summary over seeds: the plain one, T5's monotone evaluation, the
+    interval of the per-seed numbers (inside and past the training length) and every
+    intervention (:func:`~relbias.lab.stats.summarize_interventions`)."""
+    summary = summarize(per_seed)
     records = list(per_seed.values())
-    out = {}
-    for name, first in records[0].get("interventions", {}).items():
-        as_plain = {s: {**r, "eval": r["interventions"][name]["eval"]} for s, r in per_seed.items()}
-        summary = {"eval": summarize(as_plain)["eval"]}
-        for key, value in first.items():
-            if isinstance(value, float):
-                summary[key] = interval([r["interventions"][name][key] for r in records])
-        out[name] = summary
-    return out
-
-
-def ablation_name(results: dict) -> str:
-    """``ablation_<which>_<config>`` and ``_<tag>`` for a tagged run: the file stem."""
-    name = f"ablation_{results['ablation']}_{results['provenance']['config']['name']}"
-    return name + (f"_{results['tag']}" if results.get("tag") else "")
-
-
-def write_ablation(results: dict, out) -> None:
-    """Write ``<ablation_name>.json`` and a plot of bits per byte (or accuracy) by length."""
-    from pathlib import Path
-
-    from matplotlib.figure import Figure
-
-    from relbias.lab.training import plot_extrapolation, plot_retrieval, save_results
-
-    name = ablation_name(results)
-    out = Path(out)
-    save_results(results, out / f"{name}.json")
-    ax = Figure(figsize=(6, 4.2)).subplots()
-    if results["ablation"] == "alibi_probe":
-        plot_retrieval(results, ax=ax)
-    else:
-        plot_extrapolation(results, ax=ax)
-    ax.set_title(name.replace("_", " "), fontsize=9)
-    ax.figure.tight_layout()
-    ax.figure.savefig(out / f"{name}.png", dpi=110)
+    if "eval_monotone" in records[0]:
+        mono = {s: {**r, "eval": r["eval_monotone"]} for s, r in per_seed.items()}
+        summary["eval_monotone"] = summarize_extrapolation(mono)["eval"]
+    for key in ("within_train_len_bpb", "past_train_len_bpb"):
+        if key in records[0]:
+            summary[key] = interval([r[key] for r in records])
+    interventions = summarize_interventions(per_seed, summarize)
+    if interventions:
+        summary["interventions"] = interventions
+    return summary

@@ -3,14 +3,14 @@
 A training checkpoint (:func:`save_checkpoint`) holds everything that decides the rest of a
 run: the model's and the optimiser's state, the gradient scaler's, the step, the history
 so far, the batch generator's state and the global RNG states (Python, NumPy, torch). The
-learning rate is a function of the step (:func:`relbias.lab.training._lr_at`), so the step
+learning rate is a function of the step (:func:`relbias.lab.training.lr_at`), so the step
 is the scheduler's whole state. Resuming from it gives the same result as a run that was
 never stopped (``tests/lab/test_checkpoint.py`` compares them exactly on the CPU).
 
 A sweep (:class:`SweepProgress`) keeps, in one folder, ``progress.json`` (what the sweep
 is, and the record of every finished run) and ``current.pt`` (the run in progress).
 Every file is written to a temporary file beside it and renamed over it
-(:func:`atomic_torch_save`, :func:`relbias._stored.write_json`), so a killed run never
+(:func:`atomic_torch_save`, :func:`relbias._json.write_json`), so a killed run never
 leaves a truncated file.
 """
 
@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from relbias._stored import write_json
+from relbias._json import write_json
 
 
 class TrainingInterrupted(KeyboardInterrupt):

@@ -23,6 +23,7 @@ from __future__ import annotations
 import hashlib
 import sys
 import sysconfig
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -36,10 +37,6 @@ EXCLUDED_DIRS = frozenset(
 DEFAULT_MAX_BYTES = 3_000_000
 DEFAULT_MAX_FILE_BYTES = 200_000
 DEFAULT_VAL_EVERY = 10
-
-FILLER = b"abcdefghijklmnopqrstuvwxyz"
-KEYS = b"ABCDEFGHIJKLMNOPQRSTUVWXYZ"
-VALUES = b"0123456789"
 
 
 def stdlib_root() -> Path:
@@ -131,7 +128,9 @@ def select_files(
     return chosen
 
 
-_CACHE: dict = {}
+#: The corpora read so far, most recent last: at most :data:`CACHED_CORPORA` of them.
+_CACHE: OrderedDict = OrderedDict()
+CACHED_CORPORA = 4
 
 
 def load_corpus(
@@ -141,10 +140,13 @@ def load_corpus(
     max_file_bytes: int = DEFAULT_MAX_FILE_BYTES,
     val_every: int = DEFAULT_VAL_EVERY,
 ) -> ByteCorpus:
-    """Read the corpus (cached per argument set). Raises if either split is empty."""
+    """Read the corpus. The last :data:`CACHED_CORPORA` argument sets are kept in memory,
+    so that a chapter or a sweep reads the files once. Raises if either split is empty."""
     root = Path(root) if root is not None else stdlib_root()
     key = (str(root), max_bytes, max_file_bytes, val_every)
-    if key not in _CACHE:
+    if key in _CACHE:
+        _CACHE.move_to_end(key)
+    else:
         files = select_files(
             root, max_bytes=max_bytes, max_file_bytes=max_file_bytes, val_every=val_every
         )
@@ -158,6 +160,8 @@ def load_corpus(
             )
         train, val = (_to_tensor(b"".join(parts[s])) for s in ("train", "val"))
         _CACHE[key] = ByteCorpus(train, val, files, str(root), max_bytes, max_file_bytes, val_every)
+        while len(_CACHE) > CACHED_CORPORA:
+            _CACHE.popitem(last=False)
     return _CACHE[key]
 
 
@@ -243,86 +247,3 @@ def files_touched(starts, span_len: int, offsets) -> int:
     for a, b in zip(first.tolist(), last.tolist()):
         touched.update(range(max(a, 0), min(b, len(offsets) - 2) + 1))
     return len(touched)
-
-
-# --- the long-range probe ------------------------------------------------------------
-
-
-def make_recall_batch(
-    batch_size: int,
-    seq_len: int,
-    distance,
-    *,
-    num_pairs: int = 1,
-    num_distractors: int = 0,
-    generator: torch.Generator,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Key-value recall where the answer lies exactly ``distance`` positions back.
-
-    Each sequence is lowercase filler with ``num_pairs`` key-value pairs written as
-    an uppercase key followed by a digit (``...qwXy7bn...``); the last position holds
-    one of those keys again and the target there is its digit. The target value sits
-    at position ``seq_len - 1 - distance``, so the model must copy it from exactly
-    ``distance`` tokens back (``1 <= distance <= seq_len - 2``). The other pairs use
-    other keys, at random positions. ``num_distractors`` lone digits (not preceded by
-    a key) are scattered over the filler, so that the answer cannot be found as "the
-    only digit" but only as "the digit after the key". Every other target is -100.
-
-    ``distance`` is an int or a LongTensor ``[batch_size]``. Returns ``(inputs, targets)``
-    as LongTensors ``[batch_size, seq_len]``.
-    """
-    check_positive_ints(batch_size=batch_size, seq_len=seq_len, num_pairs=num_pairs)
-    if (
-        isinstance(num_distractors, bool)
-        or not isinstance(num_distractors, int)
-        or num_distractors < 0
-    ):
-        raise ValueError(f"num_distractors must be an integer >= 0, got {num_distractors!r}")
-    dist = torch.as_tensor(distance, dtype=torch.long).expand(batch_size)
-    if int(dist.min()) < 1 or int(dist.max()) > seq_len - 2:
-        raise ValueError(f"distance must lie in 1..seq_len-2 = 1..{seq_len - 2}, got {distance}")
-    if num_pairs > len(KEYS) or 2 * num_pairs + num_distractors + 1 > seq_len:
-        raise ValueError(
-            f"num_pairs={num_pairs} pairs and {num_distractors} distractors "
-            f"do not fit in seq_len={seq_len}"
-        )
-    filler = torch.tensor(list(FILLER))
-    x = filler[torch.randint(len(FILLER), (batch_size, seq_len), generator=generator)]
-    y = torch.full((batch_size, seq_len), -100, dtype=torch.long)
-    for b in range(batch_size):
-        _write_pairs(x[b], int(dist[b]), num_pairs, num_distractors, generator)
-        y[b, -1] = x[b, seq_len - 1 - int(dist[b])]
-    return x, y
-
-
-def _write_pairs(
-    row: torch.Tensor, distance: int, num_pairs: int, num_distractors: int, gen: torch.Generator
-) -> None:
-    """Write the target pair, the other pairs, lone digits and the query key into ``row``."""
-    n = row.numel()
-    keys = torch.tensor(list(KEYS))[torch.randperm(len(KEYS), generator=gen)[:num_pairs]]
-    values = torch.tensor(list(VALUES))[torch.randint(len(VALUES), (num_pairs,), generator=gen)]
-    value_pos = n - 1 - distance
-    taken = {value_pos - 1, value_pos, n - 1}
-    slots, lone = [value_pos], []
-    for p in torch.randperm(n - 2, generator=gen).tolist():
-        pos = p + 1  # a value position in 1..n-2, its key at pos - 1
-        if len(slots) < num_pairs:
-            if pos not in taken and pos - 1 not in taken:
-                taken.update({pos - 1, pos})
-                slots.append(pos)
-        elif len(lone) < num_distractors and pos not in taken:
-            lone.append(pos)
-        if len(slots) == num_pairs and len(lone) == num_distractors:
-            break
-    if len(slots) < num_pairs or len(lone) < num_distractors:
-        raise ValueError(
-            f"num_pairs={num_pairs} pairs and {num_distractors} distractors "
-            f"do not fit in seq_len={n}"
-        )
-    for key, value, pos in zip(keys, values, slots):
-        row[pos - 1], row[pos] = key, value
-    digits = torch.tensor(list(VALUES))
-    for pos in lone:
-        row[pos] = digits[torch.randint(len(VALUES), (1,), generator=gen)]
-    row[n - 1] = keys[0]

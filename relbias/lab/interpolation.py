@@ -1,6 +1,6 @@
 """The interpolation experiment: RoPE trained at ``m_l``, read at 2x..16x with every scaling.
 
-``python -m relbias.lab.experiments interpolation [--seeds 0 1 2] [--out DIR]`` runs it.
+``python -m relbias.lab interpolation [--seeds 0 1 2] [--out DIR]`` runs it.
 For each seed:
 
 1. train a RoPE :class:`~relbias.lab.model.TinyLM` at the training length ``m_l``
@@ -31,20 +31,14 @@ and the provenance; the stored copy is ``relbias/lab/results/interpolation_quick
 from __future__ import annotations
 
 import copy
-import time
 
+from relbias.lab.config import Config, get_config
 from relbias.lab.data import load_corpus
+from relbias.lab.device import pick_device, seed_everything
+from relbias.lab.evaluation import evaluate_lengths
 from relbias.lab.stats import interval
-from relbias.lab.training import (
-    Config,
-    build_model,
-    evaluate_lengths,
-    get_config,
-    pick_device,
-    provenance,
-    seed_everything,
-    train_lm,
-)
+from relbias.lab.sweep import run_sweep
+from relbias.lab.training import build_model, train_lm
 from relbias.rotary import RopeScaling
 
 SCALINGS = ("none", "linear", "ntk", "dynamic", "yarn", "yarn_no_temp")
@@ -146,14 +140,24 @@ def run_seed(
     finetuned_scalings=FINETUNED_SCALINGS,
     device=None,
     progress: bool = False,
+    train_kwargs: dict | None = None,
 ) -> tuple[object, dict]:
     """Train one RoPE model (``config.seed``), evaluate it zero-shot and fine-tuned.
 
-    Returns ``(trained model, record)``.
+    ``train_kwargs`` go to the pre-training's :func:`~relbias.lab.training.train_lm`
+    (checkpointing). Returns ``(trained model, record)``.
     """
     seed_everything(config.seed)
     model = build_model("rope", config).to(device)
-    history = train_lm(model, corpus.train, config, device=device, progress=progress, desc="rope")
+    history = train_lm(
+        model,
+        corpus.train,
+        config,
+        device=device,
+        progress=progress,
+        desc="rope",
+        **(train_kwargs or {}),
+    )
     record = {
         "seed": config.seed,
         "train": {
@@ -214,8 +218,14 @@ def run_interpolation(
     device=None,
     progress: bool = False,
     verbose: bool = True,
+    checkpoint_dir=None,
+    resume: bool = False,
+    checkpoint_seconds: float | None = 120.0,
+    checkpoint_every: int | None = None,
 ) -> dict:
-    """The whole experiment over ``seeds``; returns the results (see the module docstring)."""
+    """The whole experiment over ``seeds`` through the sweep runner
+    (:func:`relbias.lab.sweep.run_sweep`: checkpoints of the pre-training and resuming);
+    returns the results (see the module docstring)."""
     config = config or get_config()
     if finetune_factor not in config.eval_factors:
         raise ValueError(
@@ -224,19 +234,34 @@ def run_interpolation(
         )
     corpus = load_corpus(max_bytes=config.corpus_bytes)
     device = device or pick_device(verbose=False)
-    start, runs = time.perf_counter(), []
-    for seed in seeds:
-        _, record = run_seed(
+
+    def run_one(name, seed, train_kwargs):
+        return run_seed(
             config.replace(seed=seed),
             corpus,
             finetune_factor=finetune_factor,
             finetune_steps=finetune_steps,
             device=device,
             progress=progress,
-        )
-        runs.append(record)
-        if verbose:
-            print(f"seed {seed}: done after {time.perf_counter() - start:.0f} s", flush=True)
+            train_kwargs=train_kwargs,
+        )[1]
+
+    swept = run_sweep(
+        "interpolation",
+        config,
+        ["rope"],
+        list(seeds),
+        run_one,
+        lambda per_seed: list(per_seed.values()),
+        device=device,
+        identity_extra={"finetune_factor": finetune_factor, "finetune_steps": list(finetune_steps)},
+        checkpoint_dir=checkpoint_dir,
+        resume=resume,
+        checkpoint_seconds=checkpoint_seconds,
+        checkpoint_every=checkpoint_every,
+        verbose=verbose,
+    )
+    runs = swept["methods"]["rope"]
     return {
         "kind": "interpolation",
         "setup": {
@@ -265,73 +290,6 @@ def run_interpolation(
         "runs": runs,
         "summary": summarize(runs),
         "corpus": corpus.describe(),
-        "provenance": provenance(config, device, wall_s=time.perf_counter() - start),
+        "interval": swept["interval"],
+        "provenance": swept["provenance"],
     }
-
-
-def interpolation_table(results: dict) -> str:
-    """Mean bits per byte over seeds [95 % interval] per variant and length, as text."""
-    summary = results["summary"]
-    lengths = list(next(iter(summary["zero_shot"].values())))
-    lines = [f"{'variant':24s} " + " ".join(f"{n:>17s}" for n in lengths)]
-
-    def line(label, cells):
-        values = " ".join(
-            f"{c['mean']:6.3f} [{c['low']:.2f},{c['high']:.2f}]" for c in cells.values()
-        )
-        return f"{label:24s} {values}"
-
-    for name, cells in summary["zero_shot"].items():
-        lines.append(line(f"{name}, zero-shot", cells))
-    for name, by_steps in summary["finetuned"].items():
-        for steps, cells in by_steps.items():
-            lines.append(line(f"{name}, {steps} steps", cells))
-    return "\n".join(lines)
-
-
-def plot_interpolation(results: dict, *, steps: str | None = None, axes=None):
-    """Mean bits per byte (band: 95 % interval over seeds) against length: zero-shot (left),
-    fine-tuned ``steps`` steps (right; default the most). Returns the figure."""
-    summary = results["summary"]
-    if axes is None:
-        from matplotlib.figure import Figure
-
-        fig = Figure(figsize=(11, 3.8))
-        axes = fig.subplots(1, 2, sharey=True)
-    fig = axes[0].figure
-    steps = steps or list(next(iter(summary["finetuned"].values())))[-1]
-    panels = (
-        (axes[0], summary["zero_shot"], "zero-shot (scaling set for each length)"),
-        (
-            axes[1],
-            {name: by_steps[steps] for name, by_steps in summary["finetuned"].items()},
-            f"fine-tuned {steps} steps at {results['setup']['finetune_length']} tokens",
-        ),
-    )
-    train_len = results["provenance"]["config"]["train_len"]
-    for ax, cells_by_name, title in panels:
-        for name, cells in cells_by_name.items():
-            x = [int(n) for n in cells]
-            scaling = FINETUNE_VARIANTS.get(name, (name,))[0]
-            color = f"C{SCALINGS.index(scaling)}" if scaling in SCALINGS else None
-            # dashed: dynamic (NTK and dynamic coincide when whole windows are read) and the
-            # variants that share a scaling's colour
-            dashed = name in ("dynamic", "yarn_no_temp", "linear_lr10")
-            ax.plot(
-                x,
-                [c["mean"] for c in cells.values()],
-                marker="o",
-                ms=3,
-                ls="--" if dashed else "-",
-                color=color,
-                label=name,
-            )
-            lows, highs = [c["low"] for c in cells.values()], [c["high"] for c in cells.values()]
-            ax.fill_between(x, lows, highs, color=color, alpha=0.2)
-        ax.axvline(train_len, color="grey", lw=0.8)
-        ax.set_xscale("log", base=2)
-        ax.set_xlabel("evaluation length (grey: training length)")
-        ax.set_title(title, fontsize=9)
-        ax.legend(fontsize=7)
-    axes[0].set_ylabel("validation bits per byte")
-    return fig

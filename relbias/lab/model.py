@@ -36,7 +36,7 @@ Bias sharing: by default (``share_bias=True``) one bias module serves every laye
 as T5 shares its bucket table across layers; ``share_bias=False`` gives every layer
 its own module (own parameters for learnable families).
 
-The bias reaches attention prepared (:func:`relbias.attention.flex.prepare_bias`): each forward
+The bias reaches attention prepared (:func:`relbias.prepare_bias`): each forward
 computes a module's O(n) table (FIRE: its O(n) ingredients) once and hands it to the
 layers that share it. :func:`relbias.biased_attention` then picks the backend: in
 training it materialises the bias from that table (gradients reach the parameters),
@@ -58,7 +58,7 @@ from torch.nn import functional as F
 
 from relbias._checks import check_positive_ints
 from relbias.attention.api import BACKENDS, biased_attention
-from relbias.attention.prepared import prepare_bias
+from relbias.biases.prepared import prepare_bias
 from relbias.biases.registry import BIAS_NAMES as _BIAS_NAMES
 from relbias.biases.registry import DATA_DEPENDENT_NAMES, make_bias
 from relbias.rotary import RopeScaling, RotaryEmbedding
@@ -136,29 +136,10 @@ def sinusoidal_positions(seq_len: int, dim: int, *, device=None) -> torch.Tensor
     return table
 
 
-class Rotary(RotaryEmbedding):
-    """TinyLM's rotary embedding: :class:`relbias.RotaryEmbedding` (Su et al., 2021).
-
-    Kept for the older call ``Rotary(head_dim, base, scale)``: ``scale > 1`` is linear
-    position interpolation (Chen et al., 2023), positions divided by ``scale``. New code
-    passes ``scaling`` (a :class:`relbias.RopeScaling`, e.g. NTK or YaRN) instead.
-    """
-
-    def __init__(self, head_dim: int, base: float = 10000.0, scale: float = 1.0, scaling=None):
-        super().__init__(head_dim, base, _rope_scaling(scale, scaling))
-
-
-def _rope_scaling(scale, scaling):
-    """``scaling``, or linear interpolation by ``scale`` (the older keyword)."""
-    if scale != 1.0 and scaling is not None:
-        raise ValueError("pass rope_scale or rope_scaling, not both")
-    return RopeScaling("linear", scale) if scale != 1.0 else scaling
-
-
 class Attention(nn.Module):
     """Causal multi-head self-attention through :func:`relbias.biased_attention`."""
 
-    def __init__(self, dim: int, heads: int, rotary: Rotary | None = None):
+    def __init__(self, dim: int, heads: int, rotary: RotaryEmbedding | None = None):
         super().__init__()
         self.heads = heads
         self.qkv = nn.Linear(dim, 3 * dim, bias=False)
@@ -244,9 +225,6 @@ class TinyLM(nn.Module):
         for longer inputs: None (plain RoPE), or a :class:`relbias.RopeScaling` (or a dict
         of its fields): linear interpolation, NTK, dynamic NTK or YaRN
         (:mod:`relbias.rotary`). ``rope_scaling`` is an attribute: set it after training.
-    rope_scale:
-        the older spelling of linear interpolation: ``rope_scale=s`` is
-        ``rope_scaling=RopeScaling("linear", s)``.
     attention_backend:
         ``backend`` of :func:`relbias.biased_attention` for every layer: ``"auto"``
         (default; see the module docstring), ``"materialize"``, ``"table"``,
@@ -269,7 +247,6 @@ class TinyLM(nn.Module):
         bias_kwargs: dict | None = None,
         learned_fallback: str = "error",
         rope_base: float = 10000.0,
-        rope_scale: float = 1.0,
         rope_scaling=None,
         mlp_ratio: int = 4,
         attention_backend: str = "auto",
@@ -295,8 +272,11 @@ class TinyLM(nn.Module):
             LearnedPositions(train_len, dim, learned_fallback) if position == "learned" else None
         )
         _check_fallback(learned_fallback)
-        scaling = _rope_scaling(rope_scale, rope_scaling)
-        rotary = Rotary(dim // heads, rope_base, scaling=scaling) if position == "rope" else None
+        rotary = (
+            RotaryEmbedding(dim // heads, rope_base, scaling=rope_scaling)
+            if position == "rope"
+            else None
+        )
         self.rotary = rotary
         self.bias = self._new_bias() if self.uses_bias and share_bias else None
         per_layer = self.uses_bias and not share_bias

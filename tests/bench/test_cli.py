@@ -49,6 +49,7 @@ def test_bad_options_are_usage_errors(argv, message, capsys, monkeypatch):
     assert printed.out == ""
 
 
+@pytest.mark.slow
 def test_the_module_answers_a_bad_option_without_a_traceback():
     proc = subprocess.run(
         [sys.executable, "-m", "relbias.bench", "--lengths", "-3"],

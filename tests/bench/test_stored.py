@@ -1,16 +1,13 @@
-"""relbias._stored: one reader of stored JSON results (by path, by name, or downloaded from
-the repository) and an atomic writer."""
+"""relbias._json: one reader of stored JSON results (by path or by name; nothing is
+downloaded) and an atomic writer; the stored benchmark results ship with the package."""
 
 from __future__ import annotations
 
-import io
-import json
 from pathlib import Path
 
 import pytest
 
-from relbias import _stored
-from relbias._stored import NotStoredError, read_json, write_json
+from relbias._json import NotStoredError, read_json, write_json
 
 
 def test_write_then_read_by_path_and_by_name(tmp_path, monkeypatch):
@@ -45,18 +42,12 @@ def test_unknown_and_bad_names(tmp_path):
         read_json(3, tmp_path)
 
 
-def test_a_missing_folder_of_the_repository_is_downloaded(tmp_path, monkeypatch):
-    """Installed without the repository's folder: the file comes from the repository."""
-    asked = []
+def test_nothing_is_downloaded_and_the_benchmarks_ship_with_the_package(tmp_path):
+    import relbias._json as module
+    from relbias.bench.report import RESULTS_DIR, load_report
 
-    def fake_urlopen(url, timeout):
-        asked.append(url)
-        return io.BytesIO(json.dumps({"from": url}).encode())
-
-    monkeypatch.setattr(_stored, "urlopen", fake_urlopen)
-    monkeypatch.setattr(_stored, "ROOT", tmp_path)
-    got = read_json("cpu", tmp_path / "benchmarks" / "results")
-    assert asked == [_stored.REPOSITORY_URL + "benchmarks/results/cpu.json"]
-    assert got == {"from": asked[0]}
-    with pytest.raises(NotStoredError, match="does not exist"):
-        read_json("cpu", Path("/nonexistent-relbias-folder"))
+    assert "urlopen" not in vars(module) and "REPOSITORY_URL" not in vars(module)
+    with pytest.raises(NotStoredError, match=r"stored results: \[\]"):
+        read_json("cpu", tmp_path / "no-such-folder")
+    assert RESULTS_DIR.parent == Path(module.__file__).parent / "bench"
+    assert load_report(name="cpu")["commit"]  # read from the package's own folder

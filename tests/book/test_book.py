@@ -663,8 +663,8 @@ def test_learned_bias_is_the_offset_table(name):
     """For offset-only families the read-back is the module's own offset table."""
     import torch
 
+    from relbias.lab.evaluation import learned_bias
     from relbias.lab.model import TinyLM
-    from relbias.lab.training import learned_bias
 
     bias = _randomised(name)
     assert bias.offset_only
@@ -684,7 +684,7 @@ def test_learned_bias_reads_fire_at_one_query_position():
     (default ``max_offset``) against keys ``query_position - offset``."""
     import torch
 
-    from relbias.lab.training import learned_bias
+    from relbias.lab.evaluation import learned_bias
 
     fire = _randomised("fire")
     assert not fire.offset_only
@@ -719,7 +719,7 @@ def test_plot_bias_by_offset_draws_one_line_per_head():
     import relbias
     from relbias import book as nb
     from relbias.lab.model import TinyLM
-    from relbias.lab.training import learned_bias_from_results
+    from relbias.lab.results import learned_bias_from_results
 
     fig = nb.plot_bias_by_offset(relbias.ALiBi(4), 32, mark=[16], title="ALiBi")
     assert isinstance(fig, Figure) and len(fig.axes) == 1

@@ -7,7 +7,7 @@ import math
 import torch
 
 import relbias
-from relbias.attention.prepared import ForgettingBias
+from relbias.biases.prepared import ForgettingBias
 from relbias.book import figures as fg
 from relbias.lab.model import TinyLM
 

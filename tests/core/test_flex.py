@@ -26,10 +26,11 @@ from torch._dynamo.utils import counters
 
 import relbias
 from relbias import biased_attention
-from relbias.attention import api, fused, prepared, table
+from relbias._cache import LRUCache
+from relbias.attention import api, fused, table
 from relbias.attention.flex import causal_block_mask, compile_stats
-from relbias.attention.prepared import FIREBias, OffsetTableBias, prepare_bias
 from relbias.attention.table import table_attention
+from relbias.biases.prepared import FIREBias, OffsetTableBias, prepare_bias
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")  # from compiling
 
@@ -40,7 +41,7 @@ SHAPES = ATTENTION_SHAPES
 
 # --- prepared biases: the O(n) ingredients ---------------------------------------------
 @pytest.mark.parametrize("causal", [True, False])
-@pytest.mark.parametrize("q_len,k_len,q_start", SHAPES)
+@pytest.mark.parametrize("q_len,k_len,q_start", [(37, 37, None), (17, 40, 9), (1, 30, None)])
 def test_prepared_bias_materialises_forward(family, causal, q_len, k_len, q_start):
     bias = family_bias(family, causal)
     prepared = prepare_bias(bias, q_len, k_len, q_start=q_start)
@@ -63,10 +64,13 @@ def test_offset_table_bias_checks_its_table():
 
 
 # --- the strided-table backend -----------------------------------------------------------
+# One code path per kind of prepared bias: a view of an offset table (T5's, random entries)
+# and FIRE's blocks; the forget gate's in test_forgetting.py.
 @pytest.mark.parametrize("causal", [True, False])
 @pytest.mark.parametrize("q_len,k_len,q_start", SHAPES)
-def test_table_backend_matches_materialise(family, causal, q_len, k_len, q_start):
-    bias = family_bias(family, causal)
+@pytest.mark.parametrize("kind", ["t5", "fire"])
+def test_table_backend_matches_materialise(kind, causal, q_len, k_len, q_start):
+    bias = family_bias(kind, causal)
     q, k, v = qkv(q_len, k_len)
     with torch.no_grad():
         expected = biased_attention(
@@ -78,15 +82,15 @@ def test_table_backend_matches_materialise(family, causal, q_len, k_len, q_start
 
 @pytest.mark.parametrize("few_operations", [True, False])
 @pytest.mark.parametrize("block_rows", [1, 5, 16])
-def test_table_backend_blocks(block_rows, few_operations, monkeypatch):
+def test_table_backend_blocks(block_rows, few_operations):
     """Any block of query rows gives the same result (causal, queries inside the keys),
     in both of table_attention's strategies (few operations or the least memory)."""
-    monkeypatch.setattr(table, "SMALL_ATTENTION", 10**9 if few_operations else 0)
     bias = family_bias("t5", True)
     q, k, v = qkv(21, 50)
     prepared = prepare_bias(bias, 21, 50, q_start=12)
     expected = biased_attention(q, k, v, bias, q_start=12, backend="materialize")
-    got = table_attention(q, k, v, prepared, causal=True, block_rows=block_rows)
+    small = 10**9 if few_operations else 0
+    got = table_attention(q, k, v, prepared, block_rows=block_rows, small_attention=small)
     assert_close(got, expected)
 
 
@@ -101,14 +105,14 @@ TILE_SHAPES = [  # (q_len, q_start): whole tiles, a ragged tail, queries after a
 
 @pytest.mark.parametrize("tile,strip", [(16, 4), (16, 16), (24, 8)])
 @pytest.mark.parametrize("q_len,q_start", TILE_SHAPES)
-@pytest.mark.parametrize("family", [name for name in FAMILIES if name != "fire"])
+@pytest.mark.parametrize("family", ["t5", "alibi"])
 def test_tiled_table_attention_matches_materialise(
     family, tile, strip, q_len, q_start, monkeypatch
 ):
     """Causal tiles (past keys + the tile's own triangle, joined by log-sum-exp) equal the
-    materialised path for every offset-only family, batch 2, with and without a prefix."""
-    monkeypatch.setattr(table, "TILE_ROWS", tile)
-    monkeypatch.setattr(table, "STRIP_ROWS", strip)
+    materialised path, batch 2, with and without a prefix: every offset-only family reads
+    its table the same way (T5's random entries, ALiBi's steep ones whose far weights
+    underflow)."""
     calls = []
     tiled = table._tiled_table_attention
     monkeypatch.setattr(table, "_tiled_table_attention", lambda *a: calls.append(1) or tiled(*a))
@@ -116,20 +120,31 @@ def test_tiled_table_attention_matches_materialise(
     q, k, v = qkv(q_len, q_start + q_len)
     with torch.no_grad():
         expected = biased_attention(q, k, v, bias, q_start=q_start, backend="materialize")
-        got = biased_attention(q, k, v, bias, q_start=q_start, backend="table")
+        prepared = prepare_bias(bias, q_len, q_start + q_len, q_start=q_start)
+        got = table_attention(q, k, v, prepared, tile_rows=tile, strip_rows=strip)
     assert calls == ([1] if q_len >= tile else [])  # shorter than a tile: blocks of rows
     assert_close(got, expected)
 
 
-def test_tiles_only_where_they_apply(monkeypatch):
+def test_tile_settings_are_checked():
+    prepared = prepare_bias(family_bias("t5", True), 20)
+    q, k, v = qkv(20, 20)
+    with pytest.raises(ValueError, match="multiple of strip_rows"):
+        table_attention(q, k, v, prepared, tile_rows=16, strip_rows=5)
+    with pytest.raises(ValueError, match="tile_rows must be an integer >= 1"):
+        table_attention(q, k, v, prepared, tile_rows=0)
+    with pytest.raises(TypeError, match="compiled must be True or False"):
+        table_attention(q, k, v, prepared, compiled=1)
+
+
+def test_tiles_only_where_they_apply():
     """FIRE, gradients, float64, bidirectional attention and keys after the last query
     keep the blocks of rows (and still equal the materialised path)."""
-    monkeypatch.setattr(table, "TILE_ROWS", 8)
-    monkeypatch.setattr(table, "STRIP_ROWS", 4)
     t5 = family_bias("t5", True)
     q, k, v = qkv(24, 24)
     with torch.no_grad():
-        assert table._tiles_apply(q, k, v, prepare_bias(t5, 24), True)
+        assert table._tiles_apply(q, k, v, prepare_bias(t5, 24), True, 8)
+        assert not table._tiles_apply(q, k, v, prepare_bias(t5, 24), True, 25)  # too short
     cases = [
         (family_bias("fire", True), q, k, v, True, "FIRE"),
         (family_bias("t5", False), q, k, v, False, "bidirectional"),
@@ -139,13 +154,13 @@ def test_tiles_only_where_they_apply(monkeypatch):
     for bias, q_, k_, v_, causal, why in cases:
         with torch.set_grad_enabled(why == "gradients"):
             prepared = prepare_bias(bias, 24)
-            assert not table._tiles_apply(q_, k_, v_, prepared, causal), why
+            assert not table._tiles_apply(q_, k_, v_, prepared, causal, 8), why
             expected = biased_attention(q_, k_, v_, bias, causal=causal, backend="materialize")
             got = biased_attention(q_, k_, v_, bias, causal=causal, backend="table")
         assert_close(got.detach().float(), expected.detach().float())
     q, k, v = qkv(24, 30)  # k_len > q_start + q_len
     with torch.no_grad():
-        assert not table._tiles_apply(q, k, v, prepare_bias(t5, 24, 30, q_start=0), True)
+        assert not table._tiles_apply(q, k, v, prepare_bias(t5, 24, 30, q_start=0), True, 8)
 
 
 @pytest.mark.parametrize("causal", [True, False])
@@ -204,17 +219,24 @@ def test_table_backend_gradients_match_materialise():
             torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
 
 
-def test_fused_fire_blocks_match_eager(monkeypatch):
+def test_compiled_fire_blocks_match_eager():
     """FIRE's compiled block kernel agrees with the eager MLP (causal and not)."""
     fire = build("fire", HEADS)
     q, k, v = qkv(40, 40)
     with torch.no_grad():
         for causal in (True, False):
-            monkeypatch.setattr(prepared, "FUSE_FIRE", True)
-            fused = biased_attention(q, k, v, fire, causal=causal, backend="table")
-            monkeypatch.setattr(prepared, "FUSE_FIRE", False)
-            eager = biased_attention(q, k, v, fire, causal=causal, backend="table")
-            assert_close(fused, eager)
+            prepared = prepare_bias(fire, 40)
+            compiled = table_attention(q, k, v, prepared, causal=causal)
+            eager = table_attention(q, k, v, prepared, causal=causal, compiled=False)
+            assert_close(compiled, eager)
+            expected = biased_attention(q, k, v, fire, causal=causal, backend="materialize")
+            assert_close(eager, expected)
+        # float64 is not the compiled kernel's: its blocks stay eager, in float64
+        fire64, q64, k64, v64 = copy.deepcopy(fire).double(), q.double(), k.double(), v.double()
+        got = table_attention(q64, k64, v64, prepare_bias(fire64, 40))
+        expected = biased_attention(q64, k64, v64, fire64, backend="materialize")
+        assert got.dtype == torch.float64
+        torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-12)
 
 
 # --- FlexAttention -------------------------------------------------------------------------
@@ -279,7 +301,7 @@ def test_flex_retries_with_small_kernel_options_when_out_of_resource(monkeypatch
         return flex_attention(q, k, v, score_mod=score_mod, block_mask=block_mask)
 
     monkeypatch.setattr(flex_module, "_compiled_flex", lambda: fake_compiled)
-    monkeypatch.setattr(flex_module, "_SMALL_KERNEL_KEYS", set())
+    monkeypatch.setattr(flex_module, "_SMALL_KERNEL_KEYS", LRUCache(4))
     q, k, v = qkv(40, 40)
     bias = relbias.ALiBi(HEADS)
     out = biased_attention(q, k, v, bias, backend="flex")
@@ -314,16 +336,6 @@ def test_causal_block_mask_matches_create_block_mask(q_len, k_len, q_start):
 
 
 # --- choosing the backend ------------------------------------------------------------------
-def test_auto_on_cpu_without_gradients_takes_a_fused_path(family):
-    bias = family_bias(family, True)
-    q, k, v = qkv(30, 30)
-    with torch.no_grad():
-        _, backend = biased_attention(q, k, v, bias, return_backend=True)
-    assert backend == api.CPU_INFERENCE_BACKENDS[0] != "materialize"
-    with torch.no_grad():
-        assert relbias.choose_backend(q, k, v, bias) == backend
-
-
 def test_auto_trains_through_the_fused_kernel_on_the_cpu(monkeypatch):
     """Gradients needed on the CPU: the fused kernel's backward, or the materialised bias
     where the kernel cannot be built (the table path and CPU FlexAttention have none)."""
@@ -405,21 +417,19 @@ def test_prepared_bias_shape_is_checked():
         biased_attention(q, k, v, prepared, causal=False)
 
 
-def test_tiles_keep_their_buffers_but_never_return_them(monkeypatch):
+def test_tiles_keep_their_buffers_but_never_return_them():
     """Consecutive calls reuse the tiles' buffers (same shape), yet every call returns a
     tensor of its own: the first result survives the second call unchanged."""
-    monkeypatch.setattr(table, "TILE_ROWS", 16)
-    monkeypatch.setattr(table, "STRIP_ROWS", 8)
-    monkeypatch.setattr(table, "TILE_GROUP_ROWS", 32)  # groups of 32 and 16 rows at n = 48
+    tiles = {"tile_rows": 16, "strip_rows": 8, "group_rows": 32}  # groups of 32, 16 at n = 48
     bias = family_bias("alibi", True)
     with torch.no_grad():
         prepared = prepare_bias(bias, 48)
         q, k, v = qkv(48, 48)
-        first = table_attention(q, k, v, prepared)
+        first = table_attention(q, k, v, prepared, **tiles)
         kept = first.clone()
         buffers = dict(table._WORKSPACE.buffers)
         q2, k2, v2 = qkv(48, 48)
-        second = table_attention(q2, k2, v2, prepared)
+        second = table_attention(q2, k2, v2, prepared, **tiles)
         assert len(buffers) == 4  # q and output buffers for groups of 32 and 16 rows
         assert all(table._WORKSPACE.buffers[key] is buf for key, buf in buffers.items())
         assert torch.equal(first, kept)

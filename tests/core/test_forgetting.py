@@ -18,23 +18,15 @@ from torch.nn import functional as F
 import relbias
 from relbias import ForgettingGate, biased_attention, make_bias
 from relbias.attention import fused
-from relbias.attention.prepared import ForgettingBias, PreparedBias
+from relbias.biases.prepared import ForgettingBias, PreparedBias
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")  # torch.compile's imports
 
 HEADS, DIM, HEAD_DIM = 3, 8, 16
-BLOCKS = [(128, 512), (8, 16), (5, 7), (1, 1)]
+BLOCKS = [(fused.Q_BLOCK, fused.KV_BLOCK), (8, 16), (5, 7), (1, 1)]
 # (q_len, past_len): self-attention, queries after a cached prefix, one decoding step,
 # lengths that are no multiple of any block size.
 SHAPES = [(37, 0), (20, 25), (1, 29), (64, 0), (45, 150)]
-
-
-@pytest.fixture
-def blocks(request, monkeypatch):
-    q_block, kv_block = request.param
-    monkeypatch.setattr(fused, "Q_BLOCK", q_block)
-    monkeypatch.setattr(fused, "KV_BLOCK", kv_block)
-    return request.param
 
 
 def gate(heads=HEADS, dim=DIM, *, scale=1.0, bias_init=(2.0, 0.5, -1.0)) -> ForgettingGate:
@@ -154,20 +146,29 @@ def _attention(q, k, v, prepared, backend, **kwargs):
         return biased_attention(q, k, v, prepared, backend=backend, return_backend=True, **kwargs)
 
 
-def _check_backend(backend, q_len, past_len, batch=2):
+def _check_backend(backend, q_len, past_len, batch=2, blocks=None):
     module = gate()
     x, q, k, v = inputs(batch, past_len, q_len)
     prepared = prepared_for(module, x, past_len)
     expected, _ = _attention(q, k, v, prepared, "materialize")
-    got, taken = _attention(q, k, v, prepared, backend)
-    assert taken == backend
+    if blocks is None:
+        got, taken = _attention(q, k, v, prepared, backend)
+        assert taken == backend
+    else:
+        q_block, kv_block = blocks
+        with torch.no_grad():
+            got = fused.fused_attention(q, k, v, prepared, q_block=q_block, kv_block=kv_block)
     assert_close(got, expected)
 
 
-@pytest.mark.parametrize("blocks", BLOCKS, indirect=True)
+@pytest.mark.parametrize("blocks", BLOCKS)
 @pytest.mark.parametrize("q_len,past_len", SHAPES)
 def test_fused_matches_materialise(q_len, past_len, blocks):
-    _check_backend("fused", q_len, past_len)
+    _check_backend("fused", q_len, past_len, blocks=blocks)
+
+
+def test_backend_fused_is_the_kernel():
+    _check_backend("fused", 20, 25)
 
 
 @pytest.mark.parametrize("q_len,past_len", SHAPES)
@@ -299,14 +300,19 @@ def test_gradcheck_attention_on_the_materialised_path():
     assert torch.autograd.gradcheck(attention, tensors, eps=1e-6, atol=1e-6)
 
 
-def _gradients(backend, module, x, q, k, v, dout, past_len=0):
+def _gradients(backend, module, x, q, k, v, dout, past_len=0, blocks=None):
     """The output and the gradients of x, q, k, v and of the gate's parameters (the past
-    computed from x as well, so its gradient reaches the gate too)."""
+    computed from x as well, so its gradient reaches the gate too); the fused kernel with
+    ``blocks = (q_block, kv_block)`` when given."""
     for t in (x, q, k, v):
         t.grad = None
     module.zero_grad()
     prepared = prepared_for(module, x, past_len)
-    out = biased_attention(q, k, v, prepared, backend=backend)
+    if blocks is None:
+        out = biased_attention(q, k, v, prepared, backend=backend)
+    else:
+        assert backend == "fused"
+        out = fused.fused_attention(q, k, v, prepared, q_block=blocks[0], kv_block=blocks[1])
     (out * dout).sum().backward()
     grads = [x.grad, q.grad, k.grad, v.grad, module.proj.weight.grad, module.proj.bias.grad]
     return [out.detach(), *(g.clone() for g in grads)]
@@ -318,14 +324,14 @@ def assert_gradients_close(got, expected, tol=2e-5):
         torch.testing.assert_close(g, e, rtol=0, atol=tol * scale)
 
 
-@pytest.mark.parametrize("blocks", BLOCKS, indirect=True)
+@pytest.mark.parametrize("blocks", BLOCKS)
 @pytest.mark.parametrize("q_len,past_len,batch", [(37, 0, 2), (20, 25, 3), (1, 29, 2), (64, 0, 1)])
 def test_fused_gradients_match_materialise(q_len, past_len, batch, blocks):
     module = gate()
     x, q, k, v = inputs(batch, past_len, q_len, grad=True)
     x.requires_grad_(True)
     dout = torch.randn(q.shape)
-    got = _gradients("fused", module, x, q, k, v, dout, past_len)
+    got = _gradients("fused", module, x, q, k, v, dout, past_len, blocks=blocks)
     expected = _gradients("materialize", module, x, q, k, v, dout, past_len)
     assert_gradients_close(got, expected)
 
@@ -345,18 +351,17 @@ def test_fused_gradients_against_float64():
 
 
 # --- block skipping and extreme gates -----------------------------------------------------------
-def test_a_strongly_forgetting_head_skips_far_blocks(monkeypatch):
-    monkeypatch.setattr(fused, "KV_BLOCK", 64)
+def test_a_strongly_forgetting_head_skips_far_blocks():
     module = gate(2, DIM, scale=0.1, bias_init=(-2.0, 6.0))  # log f ~ -2.1 and ~ -0.0025
     x = torch.randn(1, 1024, DIM, requires_grad=True)
     q, k, v = (torch.randn(1, 2, 1024, 32, requires_grad=True) for _ in range(3))
     with torch.no_grad():
-        counts = fused.block_counts(q, k, v, module.prepare(x))
+        counts = fused.block_counts(q, k, v, module.prepare(x), kv_block=64)
     total = counts["computed"] + counts["skipped"]
     assert total == 2 * sum(min(r + 128, 1024) // 64 for r in range(0, 1024, 128)), counts
     assert counts["skipped"] > total / 4, counts  # the first head's far blocks
     dout = torch.randn(q.shape)
-    got = _gradients("fused", module, x, q, k, v, dout)
+    got = _gradients("fused", module, x, q, k, v, dout, blocks=(fused.Q_BLOCK, 64))
     expected = _gradients("materialize", module, x, q, k, v, dout)
     assert_gradients_close(got, expected, tol=5e-5)
 

@@ -3,6 +3,11 @@
 The kernel is built on first use (about 15 s, then cached). It must be buildable where
 these tests run: the set-up installs a C++ compiler and ninja, so a failed build is a
 failure here, not a skip.
+
+The kernel has one code path per kind of prepared bias: an offset table (every offset-only
+family reaches it the same way: T5's table with random entries stands for them in the grid
+of shapes and blocks), FIRE's MLP, and the forget gate (tests/core/test_forgetting.py).
+Every family is compared with float64 once (:func:`test_fused_gradients_against_float64`).
 """
 
 from __future__ import annotations
@@ -19,9 +24,11 @@ import torch
 from conftest import (
     ATTENTION_HEADS,
     ATTENTION_SHAPES,
+    CAUSAL_KWARGS,
     FAMILY_KWARGS,
     assert_backend_matches_materialise,
     assert_close,
+    build,
     family_bias,
     qkv,
 )
@@ -29,24 +36,26 @@ from conftest import (
 import relbias
 from relbias import biased_attention
 from relbias.attention import api, fused
-from relbias.attention.prepared import prepare_bias
+from relbias.biases.prepared import PreparedBias, prepare_bias
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")  # torch.compile's imports
 
 HEADS = ATTENTION_HEADS
 FAMILIES = list(FAMILY_KWARGS)
+# The kernel's kinds of bias (the forget gate's in test_forgetting.py): an offset table and FIRE.
+KERNELS = ["t5", "fire"]
 # ... and, for the fused kernel, enough rows and keys for several blocks of both kinds at
 # the small block sizes below (causal with keys after the last query: never seen).
 SHAPES = [*ATTENTION_SHAPES, (150, 300, None), (90, 90, 0)]
-BLOCKS = [(128, 512), (8, 16), (5, 7), (1, 1)]
+BLOCKS = [(fused.Q_BLOCK, fused.KV_BLOCK), (8, 16), (5, 7), (1, 1)]
 
 
-@pytest.fixture
-def blocks(request, monkeypatch):
-    q_block, kv_block = request.param
-    monkeypatch.setattr(fused, "Q_BLOCK", q_block)
-    monkeypatch.setattr(fused, "KV_BLOCK", kv_block)
-    return request.param
+def fused_blocks(q, k, v, bias, *, causal=True, q_start=None, blocks=None):
+    """The fused kernel with ``blocks = (q_block, kv_block)`` (None: its defaults)."""
+    if not isinstance(bias, PreparedBias):
+        bias = bias.prepare(q.shape[2], k.shape[2], q_start=q_start)
+    q_block, kv_block = blocks or (fused.Q_BLOCK, fused.KV_BLOCK)
+    return fused.fused_attention(q, k, v, bias, causal=causal, q_block=q_block, kv_block=kv_block)
 
 
 def test_the_kernel_builds_here():
@@ -56,13 +65,28 @@ def test_the_kernel_builds_here():
     assert fused.unavailable_reason() is None
 
 
-@pytest.mark.parametrize("blocks", BLOCKS, indirect=True)
+@pytest.mark.parametrize("blocks", BLOCKS)
 @pytest.mark.parametrize("causal", [True, False])
 @pytest.mark.parametrize("q_len,k_len,q_start", SHAPES)
-def test_fused_matches_materialise(family, causal, q_len, k_len, q_start, blocks):
-    bias = family_bias(family, causal)
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_fused_matches_materialise(kernel, causal, q_len, k_len, q_start, blocks):
+    bias = family_bias(kernel, causal)
     q, k, v = qkv(q_len, k_len)
-    assert_backend_matches_materialise("fused", q, k, v, bias, causal=causal, q_start=q_start)
+    with torch.no_grad():
+        expected = biased_attention(
+            q, k, v, bias, causal=causal, q_start=q_start, backend="materialize"
+        )
+        got = fused_blocks(q, k, v, bias, causal=causal, q_start=q_start, blocks=blocks)
+    assert_close(got, expected)
+
+
+def test_backend_fused_is_the_kernel(family):
+    """biased_attention(backend="fused") runs the kernel for every family (here: its
+    default blocks)."""
+    for causal, q_len, k_len, q_start in [(True, 20, 45, None), (False, 17, 40, 9)]:
+        q, k, v = qkv(q_len, k_len)
+        bias = family_bias(family, causal)
+        assert_backend_matches_materialise("fused", q, k, v, bias, causal=causal, q_start=q_start)
 
 
 @pytest.mark.parametrize("family", ["t5", "fire"])
@@ -76,12 +100,10 @@ def test_fused_causal_keys_after_the_last_query(family):
     assert_close(got, expected)
 
 
-def _random_case(seed: int, monkeypatch) -> dict:
-    """A random family, causality, lengths, prefix, head sizes, batch and block sizes (the
-    block sizes set on the module for this test)."""
+def _random_case(seed: int) -> dict:
+    """A random family, causality, lengths, prefix, head sizes, batch and block sizes."""
     rng = random.Random(seed)
-    monkeypatch.setattr(fused, "Q_BLOCK", rng.choice([1, 3, 16, 64, 128]))
-    monkeypatch.setattr(fused, "KV_BLOCK", rng.choice([1, 8, 33, 512]))
+    blocks = (rng.choice([1, 3, 16, 64, 128]), rng.choice([1, 8, 33, 512]))
     family, causal = rng.choice(FAMILIES), rng.random() < 0.7
     q_len = rng.randint(1, 120)
     k_len = q_len + rng.randint(0, 80)
@@ -94,20 +116,21 @@ def _random_case(seed: int, monkeypatch) -> dict:
         "k_len": k_len,
         "q_start": q_start,
         "shape": {"batch": rng.randint(1, 3), "dim": dim, "v_dim": v_dim},
+        "blocks": blocks,
     }
 
 
 @pytest.mark.parametrize("seed", range(20))
-def test_fused_random_shapes_and_blocks(seed, monkeypatch):
+def test_fused_random_shapes_and_blocks(seed):
     """Random families, lengths, prefixes, head sizes, batch and block sizes."""
-    case = _random_case(seed, monkeypatch)
+    case = _random_case(seed)
     causal, q_start, bias = case["causal"], case["q_start"], case["bias"]
     q, k, v = qkv(case["q_len"], case["k_len"], **case["shape"])
     with torch.no_grad():
         expected = biased_attention(
             q, k, v, bias, causal=causal, q_start=q_start, backend="materialize"
         )
-        got = biased_attention(q, k, v, bias, causal=causal, q_start=q_start, backend="fused")
+        got = fused_blocks(q, k, v, bias, causal=causal, q_start=q_start, blocks=case["blocks"])
     assert_close(got, expected)
 
 
@@ -266,11 +289,9 @@ for name in ("t5", "fire"):
 """
 
 
-@pytest.mark.parametrize("capability", ["avx2", "default"])
-def test_the_kernel_builds_for_narrower_vectors(capability):
-    """Built for AVX2 or for no vector extension (as on other CPUs), in a fresh process
-    (one process loads one build): the same values."""
-    env = {**os.environ, "ATEN_CPU_CAPABILITY": capability}
+def _capability_check(env_overrides: dict, capability: str) -> None:
+    """CAPABILITY_CHECK in a fresh process (one process loads one build) with ``env``."""
+    env = {**os.environ, **env_overrides, "ATEN_CPU_CAPABILITY": capability}
     proc = subprocess.run(
         [sys.executable, "-c", CAPABILITY_CHECK],
         env=env,
@@ -280,6 +301,13 @@ def test_the_kernel_builds_for_narrower_vectors(capability):
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.split() == [capability.upper()]
+
+
+@pytest.mark.slow
+def test_the_kernel_builds_without_vector_extensions():
+    """Built for no vector extension (as on other CPUs; AVX2 in
+    :func:`test_python_m_builds_ahead_of_time_and_says_so`): the same values."""
+    _capability_check({}, "default")
 
 
 def test_threads_do_not_change_the_result():
@@ -301,11 +329,9 @@ def test_threads_do_not_change_the_result():
 
 @pytest.mark.parametrize("heads,batch", [(1, 1), (1, 2), (3, 1), (2, 3)])
 @pytest.mark.parametrize("causal", [True, False])
-def test_work_shared_by_two_threads(heads, batch, causal, monkeypatch):
+def test_work_shared_by_two_threads(heads, batch, causal):
     """With two threads a head's blocks of rows are cut into runs of about equal cost (one
     head: several runs); every split gives the materialised result."""
-    monkeypatch.setattr(fused, "Q_BLOCK", 8)
-    monkeypatch.setattr(fused, "KV_BLOCK", 16)
     name = "t5" if causal else "alibi"
     bias = relbias.make_bias(name, heads, bidirectional=not causal)
     q, k, v = (torch.randn(batch, heads, 90, 16) for _ in range(3))
@@ -313,7 +339,7 @@ def test_work_shared_by_two_threads(heads, batch, causal, monkeypatch):
     try:
         torch.set_num_threads(2)
         with torch.no_grad():
-            got = biased_attention(q, k, v, bias, causal=causal, backend="fused")
+            got = fused_blocks(q, k, v, bias, causal=causal, blocks=(8, 16))
             expected = biased_attention(q, k, v, bias, causal=causal, backend="materialize")
     finally:
         torch.set_num_threads(threads)
@@ -332,25 +358,32 @@ def _run_module(env_overrides, timeout=600):
     )
 
 
+@pytest.mark.slow
 def test_python_m_builds_ahead_of_time_and_says_so(tmp_path):
     """A fresh cache: the build announces itself on stderr and its time; the second run
-    loads it (no compiling line); both print where it is cached and exit 0."""
-    first = _run_module({"TORCH_EXTENSIONS_DIR": str(tmp_path)})
+    loads it (no compiling line); both print where it is cached and exit 0. Built for AVX2
+    (narrower vectors than AVX-512's, as on other CPUs), whose kernel then gives the values
+    of the materialised path."""
+    env = {"TORCH_EXTENSIONS_DIR": str(tmp_path), "ATEN_CPU_CAPABILITY": "avx2"}
+    first = _run_module(env)
     assert first.returncode == 0, first.stderr[-2000:]
     assert "compiling the fused attention kernel" in first.stderr
     assert re.search(r"compiled in \d+\.\d s", first.stderr)
     assert "self-test passed" in first.stdout and str(tmp_path) in first.stdout
     assert "RuntimeWarning" not in first.stderr  # -m finds the module not imported yet
-    second = _run_module({"TORCH_EXTENSIONS_DIR": str(tmp_path)})
+    assert "relbias fused kernel (AVX2)" in first.stdout
+    second = _run_module(env)
     assert second.returncode == 0, second.stderr[-2000:]
     assert "compiling" not in second.stderr
     assert "loaded from the cache" in second.stdout and str(tmp_path) in second.stdout
+    _capability_check(env, "avx2")
 
 
 @pytest.mark.parametrize(
     "env,reason",
     [({"RELBIAS_FUSED": "0"}, "RELBIAS_FUSED=0"), ({"CXX": "/no/such/c++"}, "no C++ compiler")],
 )
+@pytest.mark.slow
 def test_python_m_exits_1_with_the_reason(env, reason, tmp_path):
     proc = _run_module({**env, "TORCH_EXTENSIONS_DIR": str(tmp_path)}, timeout=300)
     assert proc.returncode == 1
@@ -400,12 +433,17 @@ def test_the_build_changes_nothing_process_wide(monkeypatch, tmp_path, capsys):
 
 
 # --- the backward: gradients of q, k, v and of the bias's parameters ------------------------
-def _gradients(backend, q, k, v, bias, dout, **kwargs):
-    """The output and the gradients of q, k, v and of every parameter of ``bias``."""
+def _gradients(backend, q, k, v, bias, dout, blocks=None, **kwargs):
+    """The output and the gradients of q, k, v and of every parameter of ``bias`` (the fused
+    kernel with ``blocks``, when given)."""
     for t in (q, k, v):
         t.grad = None
     bias.zero_grad()
-    out = biased_attention(q, k, v, bias, backend=backend, **kwargs)
+    if blocks is not None:
+        assert backend == "fused"
+        out = fused_blocks(q, k, v, bias, blocks=blocks, **kwargs)
+    else:
+        out = biased_attention(q, k, v, bias, backend=backend, **kwargs)
     (out * dout).sum().backward()
     params = [p.grad if p.grad is not None else torch.zeros_like(p) for p in bias.parameters()]
     return [out.detach(), q.grad, k.grad, v.grad, *params]
@@ -430,27 +468,28 @@ def assert_gradients_close(got, expected, tol=2e-5, params_from=4):
         torch.testing.assert_close(g, e, rtol=0, atol=tol * scale)
 
 
-@pytest.mark.parametrize("blocks", BLOCKS, indirect=True)
+@pytest.mark.parametrize("blocks", BLOCKS)
 @pytest.mark.parametrize("causal", [True, False])
 @pytest.mark.parametrize("q_len,k_len,q_start", SHAPES)
-def test_fused_gradients_match_materialise(family, causal, q_len, k_len, q_start, blocks):
-    bias = _perturbed(family_bias(family, causal))
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_fused_gradients_match_materialise(kernel, causal, q_len, k_len, q_start, blocks):
+    bias = _perturbed(family_bias(kernel, causal))
     q, k, v = qkv(q_len, k_len, grad=True)
     dout = torch.randn(q.shape[:3] + v.shape[3:])
     kwargs = {"causal": causal, "q_start": q_start}
-    got = _gradients("fused", q, k, v, bias, dout, **kwargs)
+    got = _gradients("fused", q, k, v, bias, dout, blocks=blocks, **kwargs)
     expected = _gradients("materialize", q, k, v, bias, dout, **kwargs)
     assert_gradients_close(got, expected)
 
 
 @pytest.mark.parametrize("seed", range(20))
-def test_fused_gradients_random_shapes_and_blocks(seed, monkeypatch):
-    case = _random_case(seed, monkeypatch)
+def test_fused_gradients_random_shapes_and_blocks(seed):
+    case = _random_case(seed)
     bias = _perturbed(case["bias"])
     q, k, v = qkv(case["q_len"], case["k_len"], **case["shape"], grad=True)
     dout = torch.randn(q.shape[:3] + (case["shape"]["v_dim"],))
     kwargs = {"causal": case["causal"], "q_start": case["q_start"]}
-    got = _gradients("fused", q, k, v, bias, dout, **kwargs)
+    got = _gradients("fused", q, k, v, bias, dout, blocks=case["blocks"], **kwargs)
     expected = _gradients("materialize", q, k, v, bias, dout, **kwargs)
     assert_gradients_close(got, expected)
 
@@ -469,11 +508,12 @@ def test_fused_gradients_against_float64(family, causal):
     assert_gradients_close(got, [e.float() for e in expected], tol=1e-5)
 
 
-def test_fused_backward_keeps_no_quadratic_tensor(family):
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_fused_backward_keeps_no_quadratic_tensor(kernel):
     """What the backward keeps of a fused attention is O(n): q, k, v, the output, one
     log-sum-exp per row and the prepared bias's O(n) tables, never [heads, n, n]."""
     n = 256
-    bias = family_bias(family, True)
+    bias = family_bias(kernel, True)
     q, k, v = qkv(n, n, batch=1, grad=True)
     saved = []
 
@@ -501,33 +541,14 @@ def test_fused_gradients_reach_a_shared_prepared_bias():
     assert_gradients_close(*([g] for g in grads), params_from=0)
 
 
-def test_backward_threads_change_no_gradient_of_q_k_v():
-    """Heads go to whichever thread is free; q, k and v's gradients are each one head's
-    arithmetic (the same bits), the bias's gradient a sum over threads (equal within
-    rounding)."""
-    bias = _perturbed(family_bias("kerple_log", True))
-    q, k, v = qkv(200, 200, batch=3, grad=True)
-    dout = torch.randn(q.shape)
-    threads = torch.get_num_threads()
-    runs = []
-    try:
-        for count in (1, 2):
-            torch.set_num_threads(count)
-            runs.append(_gradients("fused", q, k, v, bias, dout))
-    finally:
-        torch.set_num_threads(threads)
-    for one, two in zip(runs[0][:4], runs[1][:4]):
-        assert torch.equal(one, two)
-    assert_gradients_close(runs[1][4:], runs[0][4:], params_from=0)
-
-
 # --- bfloat16 ---------------------------------------------------------------------------------
 @pytest.mark.parametrize("causal", [True, False])
-def test_bfloat16_forward_and_backward(family, causal):
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_bfloat16_forward_and_backward(kernel, causal):
     """bfloat16 q, k, v are computed in float32 and rounded back: the output and gradients
     agree with the float32 kernel on the same (rounded) inputs within bfloat16's rounding
     (2^-8 relative)."""
-    bias = _perturbed(family_bias(family, causal))
+    bias = _perturbed(family_bias(kernel, causal))
     q, k, v = (t.bfloat16().requires_grad_(True) for t in qkv(60, 80))
     dout = torch.randn(q.shape).bfloat16()
     got = _gradients("fused", q, k, v, bias, dout, causal=causal)
@@ -540,19 +561,18 @@ def test_bfloat16_forward_and_backward(family, causal):
 
 
 # --- small weights are dropped, whole blocks skipped ----------------------------------------
-def test_steep_biases_skip_blocks_and_give_the_same_values(monkeypatch):
+def test_steep_biases_skip_blocks_and_give_the_same_values():
     """ALiBi's first heads (slopes 1/2, 1/4, ...) make far keys' weights vanish: whole
     blocks are skipped, and output and gradients stay those of the materialised path."""
-    monkeypatch.setattr(fused, "KV_BLOCK", 64)
     torch.manual_seed(0)
     bias = relbias.ALiBi(8)
     q, k, v = (torch.randn(1, 8, 1024, 32, requires_grad=True) for _ in range(3))
-    counts = fused.block_counts(q, k, v, bias.prepare(1024))
+    counts = fused.block_counts(q, k, v, bias.prepare(1024), kv_block=64)
     total = counts["computed"] + counts["skipped"]
     assert total == 8 * sum(min(r + 128, 1024) // 64 for r in range(0, 1024, 128)), counts
     assert counts["skipped"] > total / 10, counts  # ALiBi's first heads: the far blocks
     dout = torch.randn(q.shape)
-    got = _gradients("fused", q, k, v, bias, dout)
+    got = _gradients("fused", q, k, v, bias, dout, blocks=(fused.Q_BLOCK, 64))
     expected = _gradients("materialize", q, k, v, bias, dout)
     assert_gradients_close(got, expected, tol=5e-5)
 
@@ -580,3 +600,48 @@ def test_no_denormal_is_formed():
         torch.set_flush_denormal(False)
     for off, on in zip(*runs):
         assert torch.equal(off, on)
+
+
+# --- the backward is deterministic ------------------------------------------------------------
+LEARNED = ["offset", "t5", "kerple_power", "kerple_log", "fire", "forgetting"]
+
+
+@pytest.mark.parametrize("family", LEARNED)
+def test_backward_gives_the_same_bits_on_every_run(family):
+    """Threads take the (batch, head) pairs, whichever is next; each pair's gradient of the
+    bias is kept apart and the pairs are summed in their order, so repeated backward passes
+    of every learned family give identical bits, with two threads or one."""
+    torch.manual_seed(0)
+    heads, batch, n = 4, 4, 96
+    if family == "forgetting":
+        gate = relbias.ForgettingGate(heads, 8)
+        x = torch.randn(batch, n, 8)
+        params = list(gate.parameters())
+
+        def bias():
+            return gate.prepare(x)
+    else:
+        module = _perturbed(build(family, heads, **CAUSAL_KWARGS.get(family, {})))
+        params = list(module.parameters())
+
+        def bias():
+            return module
+
+    q, k, v = (torch.randn(batch, heads, n, 16, requires_grad=True) for _ in range(3))
+    dout = torch.randn(q.shape)
+    threads = torch.get_num_threads()
+    runs = []
+    try:
+        for count in (2,) * 8 + (1,):
+            torch.set_num_threads(count)
+            for t in (q, k, v, *params):
+                t.grad = None
+            out = biased_attention(q, k, v, bias(), backend="fused")
+            (out * dout).sum().backward()
+            runs.append([t.grad.clone() for t in (q, k, v, *params) if t.grad is not None])
+    finally:
+        torch.set_num_threads(threads)
+    assert len(runs[0]) > 3  # the bias's parameters got gradients
+    for run in runs[1:]:
+        for first, again in zip(runs[0], run, strict=True):
+            assert torch.equal(first, again)

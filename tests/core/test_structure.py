@@ -3,8 +3,10 @@ through public methods, no process-wide state, and the small helpers of _checks.
 
 from __future__ import annotations
 
+import copy
 import inspect
 import re
+import threading
 import types
 
 import pytest
@@ -12,10 +14,11 @@ import torch
 from conftest import ATTENTION_HEADS, build, family_bias, qkv
 
 import relbias
-from relbias import biased_attention, choose_backend
+from relbias import _compile, biased_attention, choose_backend
 from relbias._checks import check_bool, float64_device, needs_grad
-from relbias.attention import _compile, api, flex, fused, prepared, table
-from relbias.attention.prepared import FIREBias, OffsetTableBias, PreparedBias, prepare_bias
+from relbias.attention import api, flex, fused, table
+from relbias.biases import prepared
+from relbias.biases.prepared import FIREBias, OffsetTableBias, PreparedBias, prepare_bias
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")  # from compiling
 
@@ -147,10 +150,130 @@ def test_no_module_level_backend_state():
         assert not hasattr(api, name), name
 
 
+# --- no hidden global state: tunables are arguments, every cache has a bound --------------------
+def test_tunables_are_keyword_arguments():
+    """Block sizes, tiles and FIRE's compiled blocks are arguments with documented defaults,
+    not module settings a caller flips."""
+    assert not hasattr(prepared, "FUSE_FIRE")
+    for function, defaults in [
+        (fused.fused_attention, {"q_block": fused.Q_BLOCK, "kv_block": fused.KV_BLOCK}),
+        (fused.block_counts, {"q_block": fused.Q_BLOCK, "kv_block": fused.KV_BLOCK}),
+        (
+            table.table_attention,
+            {
+                "tile_rows": table.TILE_ROWS,
+                "strip_rows": table.STRIP_ROWS,
+                "group_rows": table.TILE_GROUP_ROWS,
+                "small_attention": table.SMALL_ATTENTION,
+                "compiled": True,
+            },
+        ),
+    ]:
+        parameters = inspect.signature(function).parameters
+        for name, default in defaults.items():
+            assert parameters[name].kind is inspect.Parameter.KEYWORD_ONLY, name
+            assert parameters[name].default == default, name
+            assert f"``{name}``" in function.__doc__, name  # documented
+    q, k, v = qkv(20, 20)
+    with pytest.raises(ValueError, match="q_block must be an integer >= 1"):
+        with torch.no_grad():
+            fused.fused_attention(q, k, v, family_bias("t5", True).prepare(20), q_block=0)
+
+
+def test_lru_cache():
+    from relbias._cache import LRUCache
+
+    cache = LRUCache(3)
+    for key in "abc":
+        cache[key] = key.upper()
+    assert cache["a"] == "A"  # a read makes it the most recent: b is the oldest now
+    cache["d"] = "D"
+    assert list(cache) == ["c", "a", "d"]
+    assert cache.memo("e", lambda: "E") == "E" and "c" not in cache and len(cache) == 3
+    assert cache.memo("e", lambda: pytest.fail("made twice")) == "E"
+    copied = copy.deepcopy(cache)
+    assert copied == cache and copied.maxsize == 3
+    copied["f"] = 1
+    assert len(copied) == 3
+    for bad in (0, 2.0, True):
+        with pytest.raises(ValueError, match="maxsize"):
+            LRUCache(bad)
+
+
+def test_compile_accounting_is_bounded(monkeypatch):
+    """The compile times of the latest TIMED_KERNELS kernels are kept; an older one is timed
+    again (counted again) when it returns."""
+    assert _compile._COMPILE_TIMES.maxsize == _compile.TIMED_KERNELS
+    from relbias._cache import LRUCache
+
+    monkeypatch.setattr(_compile, "_COMPILE_TIMES", LRUCache(_compile.TIMED_KERNELS))
+    monkeypatch.setattr(_compile, "_STATS", {"compiles": 0, "compile_seconds": 0.0, "calls": 0})
+    keys = [("test-bound", i) for i in range(_compile.TIMED_KERNELS + 5)]
+    for key in keys:
+        assert _compile.timed(lambda x: x + 1, key)(1) == 2
+    stats = _compile.compile_stats()
+    assert len(stats["per_key"]) == _compile.TIMED_KERNELS
+    assert keys[0] not in stats["per_key"] and keys[-1] in stats["per_key"]
+    assert stats["compiles"] == len(keys)
+    _compile.timed(lambda x: x, keys[-1])(0)  # kept: not a compilation
+    _compile.timed(lambda x: x, keys[0])(0)  # dropped: timed again
+    assert _compile.compile_stats()["compiles"] == len(keys) + 1
+
+
+def test_block_masks_are_bounded(monkeypatch):
+    from relbias._cache import LRUCache
+
+    assert flex._BLOCK_MASKS.maxsize == flex.BLOCK_MASKS_KEPT
+    assert flex._SMALL_KERNEL_KEYS.maxsize == flex.SMALL_KERNEL_KEYS_KEPT
+    monkeypatch.setattr(flex, "_BLOCK_MASKS", LRUCache(flex.BLOCK_MASKS_KEPT))
+    first = flex.causal_block_mask(1, 1, 0, "cpu")
+    for n in range(2, flex.BLOCK_MASKS_KEPT + 5):
+        last = flex.causal_block_mask(n, n, 0, "cpu")
+    assert len(flex._BLOCK_MASKS) == flex.BLOCK_MASKS_KEPT
+    assert flex.causal_block_mask(n, n, 0, "cpu") is last  # kept
+    again = flex.causal_block_mask(1, 1, 0, "cpu")  # dropped: built anew, the same mask
+    assert again is not first and torch.equal(again.to_dense(), first.to_dense())
+
+
+def test_the_table_workspace_is_bounded():
+    """The tiles' buffers: at most WORKSPACE_BUFFERS per thread, the latest shapes."""
+    sizes = []
+
+    def fill():
+        like = torch.zeros(1)
+        for n in range(1, table.WORKSPACE_BUFFERS + 4):
+            kept = table._workspace("q", (n, 2), like)
+            assert table._workspace("q", (n, 2), like) is kept
+            sizes.append(len(table._WORKSPACE.buffers))
+
+    thread = threading.Thread(target=fill)  # the workspace is per thread: a fresh one
+    thread.start()
+    thread.join()
+    assert sizes == [min(n, table.WORKSPACE_BUFFERS) for n in range(1, table.WORKSPACE_BUFFERS + 4)]
+
+
+@pytest.mark.parametrize("name", ["t5", "fire"])
+def test_a_prepared_bias_keeps_a_bounded_number_of_pieces(name):
+    """A prepared bias keeps its tables and the kernel's inputs per dtype, causality and grad
+    mode: at most KEPT_PIECES of them, and a dropped one is made again the same."""
+    bias = family_bias(name, False).prepare(12)
+    first = [t.clone() for t in bias.kernel_inputs(True)[1]]
+    for grad in (True, False):
+        with torch.set_grad_enabled(grad):
+            for dtype in (torch.float16, torch.bfloat16, torch.float32, torch.float64):
+                for causal in (True, False):
+                    bias.flipped_rows(0, 12, 12, causal, dtype, compiled=False)
+                    bias.kernel_inputs(causal)
+                    assert len(bias._pieces) <= PreparedBias.KEPT_PIECES
+    assert len(bias._pieces) == PreparedBias.KEPT_PIECES
+    for kept, again in zip(first, bias.kernel_inputs(True)[1], strict=True):
+        assert torch.equal(kept, again)
+
+
 def test_table_attention_builds_no_square_tensor(monkeypatch):
     """The table path (what auto takes on CUDA without gradients) never calls
     relative_positions nor builds a q_len x k_len index."""
-    import relbias.attention.prepared as prep
+    import relbias.biases.prepared as prep
 
     def refuse(*args, **kwargs):
         raise AssertionError("an n x n index was built")
@@ -272,3 +395,53 @@ def test_blocks_on_a_gpu_bound_the_mask_copy():
     for causal in (True, False):
         rows = table.default_block_rows(on_gpu, causal=causal)
         assert rows * heads * n <= table.DEVICE_BLOCK_ENTRIES and rows >= 16
+
+
+# --- docstrings point at what exists --------------------------------------------------------------
+_REFERENCE = re.compile(r":(?:func|class|meth|mod|data|attr|exc):`~?([^`<>]+?)(?:\s*<[^>]*>)?`")
+
+
+def _resolves(dotted: str) -> bool:
+    """Whether ``dotted`` names a module, or an attribute reached from one."""
+    import importlib
+
+    parts = dotted.split(".")
+    for split in range(len(parts), 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:split]))
+        except ImportError:
+            continue
+        for name in parts[split:]:
+            if not hasattr(obj, name):
+                return False
+            obj = getattr(obj, name)
+        return True
+    return False
+
+
+def test_every_cross_reference_of_the_core_resolves():
+    """Each :func:, :class:, :meth:, :mod:, :data: reference in a docstring of the core (and
+    of the benchmark) names something that exists: a dotted name as written, else a name of
+    the module itself, of one of its classes, or of the package ``relbias``."""
+    from pathlib import Path
+
+    root = Path(relbias.__file__).parent
+    dangling = []
+    for path in sorted(root.rglob("*.py")):
+        parts = path.relative_to(root.parent).with_suffix("").parts
+        if parts[1] in ("lab", "book"):
+            continue  # the rooms above check their own
+        module = ".".join(p for p in parts if p != "__init__")
+        text = path.read_text()
+        classes = re.findall(r"^class (\w+)", text, flags=re.M)
+        for number, line in enumerate(text.splitlines(), 1):
+            for target in _REFERENCE.findall(line):
+                target = target.strip()
+                where = [target, f"{module}.{target}", f"relbias.{target}"]
+                where += [f"{module}.{c}.{target}" for c in classes]
+                where.append(f"{module.rpartition('.')[0]}.{target}")
+                if not any(_resolves(name) for name in where):
+                    dangling.append(f"{path.relative_to(root.parent)}:{number}: {target}")
+    assert not dangling, dangling
+    assert _resolves("relbias.biases.prepared.FIREBias.folded_mlp")
+    assert not _resolves("relbias.attention.prepared.FIREBias")  # moved to the biases

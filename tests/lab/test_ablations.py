@@ -18,7 +18,7 @@ from relbias.lab.ablations import (
     t5_variants,
     variants_for,
 )
-from relbias.lab.experiments import main
+from relbias.lab.cli import main, save
 from relbias.lab.model import TinyLM, layer_bias
 from relbias.lab.training import train_lm as real_train_lm
 
@@ -76,7 +76,7 @@ def test_query_shift_moves_only_absolute_query_positions():
 
 def test_t5_ablation_reads_back_the_table_and_restores_it(tmp_path):
     res = run_ablation(
-        "t5", TINY, seeds=[0], out=tmp_path, progress=False, verbose=False,
+        "t5", TINY, seeds=[0], progress=False, verbose=False,
         dist_max_factors=(0.5, 2),
     )  # fmt: skip
     assert set(res["methods"]) == {"t5_d8_b14_from32", "t5_d32_b32"}
@@ -92,6 +92,7 @@ def test_t5_ablation_reads_back_the_table_and_restores_it(tmp_path):
     )
     assert [r["length"] for r in rec["eval_monotone"]] == [16, 64]
     assert all(math.isfinite(r["bpb"]) for r in rec["eval_monotone"])
+    save(res, tmp_path)
     stored = json.loads((tmp_path / "ablation_t5_tiny.json").read_text())
     assert stored["ablation"] == "t5" and (tmp_path / "ablation_t5_tiny.png").stat().st_size
 

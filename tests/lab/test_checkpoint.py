@@ -18,8 +18,11 @@ from relbias.lab.checkpoint import (
     atomic_torch_save,
     load_checkpoint,
 )
-from relbias.lab.experiments import run_extrapolation, run_seeds
-from relbias.lab.training import Config, build_model, seed_everything, train_lm
+from relbias.lab.config import Config
+from relbias.lab.device import seed_everything
+from relbias.lab.experiments import run_extrapolation
+from relbias.lab.sweep import run_seeds
+from relbias.lab.training import build_model, train_lm
 
 TINY = tiny_config(steps=20, warmup=3, val_every=4, val_tokens=256)
 
@@ -182,7 +185,7 @@ def test_sweep_skips_finished_runs_on_resume(tmp_path):
 
 def _cli(out, *extra):
     return [
-        sys.executable, "-m", "relbias.lab.experiments", "extrapolation",
+        sys.executable, "-m", "relbias.lab", "extrapolation",
         "--methods", "alibi", "t5", "--seeds", "0", "1", "--steps", "60", "--train-len", "8",
         "--lengths", "1", "2", "--eval-tokens", "1024", "--no-progress", "--out", str(out),
         *extra,

@@ -1,15 +1,12 @@
-"""The byte corpus (deterministic, split by file, no overlap) and the recall probe."""
+"""The byte corpus: deterministic, split by file, no overlap; training and evaluation windows."""
 
 import pytest
 import torch
 
 from relbias.lab.data import (
-    KEYS,
-    VALUES,
     eval_windows,
     list_source_files,
     load_corpus,
-    make_recall_batch,
     random_windows,
     select_files,
 )
@@ -94,50 +91,6 @@ def test_eval_windows_do_not_overlap():
         eval_windows(data, 64, 1000)
 
 
-@pytest.mark.parametrize("num_pairs", [1, 4])
-def test_recall_answer_sits_at_distance(num_pairs):
-    dist = torch.tensor([1, 5, 17, 30])
-    x, y = make_recall_batch(
-        4, 32, dist, num_pairs=num_pairs, generator=torch.Generator().manual_seed(3)
-    )
-    assert (y[:, :-1] == -100).all()
-    for row, target, d in zip(x, y[:, -1], dist.tolist()):
-        pos = 31 - d
-        assert int(row[pos]) == int(target) and int(target) in VALUES
-        assert int(row[pos - 1]) == int(row[-1]) and int(row[-1]) in KEYS
-        assert sum(int(b) in VALUES for b in row) == num_pairs
-        keys = [int(b) for b in row[:-1] if int(b) in KEYS]
-        assert len(keys) == len(set(keys)) == num_pairs
-
-
-def test_recall_is_seeded_and_checks_distance():
-    def batch(seed):
-        return make_recall_batch(3, 20, 7, generator=torch.Generator().manual_seed(seed))
-
-    assert all(torch.equal(a, b) for a, b in zip(batch(1), batch(1)))
-    assert not torch.equal(batch(1)[0], batch(2)[0])
-    for bad in (0, 19):
-        with pytest.raises(ValueError, match="distance"):
-            make_recall_batch(1, 20, bad, generator=torch.Generator())
-
-
-def test_recall_distractors_are_lone_digits():
-    x, y = make_recall_batch(
-        8, 40, 10, num_pairs=2, num_distractors=5, generator=torch.Generator().manual_seed(0)
-    )
-    for row, target in zip(x, y[:, -1]):
-        assert sum(int(b) in VALUES for b in row) == 2 + 5
-        assert int(row[-11]) == int(target) and int(row[-12]) == int(row[-1])
-        digits_after_keys = [
-            i for i in range(1, 40) if int(row[i]) in VALUES and int(row[i - 1]) in KEYS
-        ]
-        assert len(digits_after_keys) == 2
-    with pytest.raises(ValueError, match="do not fit"):
-        make_recall_batch(1, 10, 3, num_pairs=2, num_distractors=6, generator=torch.Generator())
-    with pytest.raises(ValueError, match="num_distractors"):
-        make_recall_batch(1, 10, 3, num_distractors=-1, generator=torch.Generator())
-
-
 def test_spread_windows_read_the_same_bytes_at_every_length():
     from relbias.lab.data import spread_eval_windows
 
@@ -170,3 +123,13 @@ def test_spread_windows_come_from_many_validation_files():
     assert files_touched(torch.tensor([5]), 10, [0, 10, 20]) == 2
     with pytest.raises(ValueError, match="split"):
         corpus.split_offsets("test")
+
+
+def test_the_corpus_cache_keeps_the_last_few():
+    from relbias.lab import data
+
+    sizes = [60_000 + 1000 * i for i in range(data.CACHED_CORPORA + 2)]
+    corpora = [load_corpus(max_bytes=n) for n in sizes]
+    assert len(data._CACHE) <= data.CACHED_CORPORA
+    assert load_corpus(max_bytes=sizes[-1]) is corpora[-1]  # the most recent are kept
+    assert load_corpus(max_bytes=sizes[0]) is not corpora[0]  # the oldest were dropped

@@ -23,17 +23,43 @@ def _run(*args, tmp_path):
     )
 
 
+def _tiny_chapter(folder):
+    import nbformat
+
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [
+        nbformat.v4.new_code_cell(
+            "from relbias import book as nb\nrt = nb.runtime_banner()\nassert rt.quick"
+        ),
+        nbformat.v4.new_code_cell("assert 1 + 1 == 3, 'a claim that fails'"),
+    ]
+    path = folder / "tiny_chapter.ipynb"
+    nbformat.write(nb, path)
+    return path
+
+
 @pytest.mark.slow
 def test_cpu_stages_run_and_write_one_report(tmp_path):
+    chapter = _tiny_chapter(tmp_path)
     proc = _run(
-        "--device", "cpu", "--smoke", "--methods", "alibi", "fire", "--budget", "300",
+        "--device", "cpu", "--smoke", "--methods", "alibi", "fire", "--budget", "600",
+        "--chapters", str(chapter), "--full-methods", "alibi",
         tmp_path=tmp_path,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads((tmp_path / "gpu_check.json").read_text())
     stages = report["stages"]
-    assert list(stages) == ["env", "train", "train_t4", "flex", "flex_speed", "cpu_vs_gpu"]
+    assert list(stages) == [
+        "env", "chapters", "flex_speed", "full", "train", "train_t4", "flex", "cpu_vs_gpu"
+    ]  # fmt: skip
+    assert report["provenance"]["budget_s"] == 600
     assert stages["env"]["torch"] and stages["env"]["autocast_dtype"] == "None"
+    run = stages["chapters"]["chapters"]["tiny_chapter"]
+    assert "configuration: quick" in run["banner"] and run["claims"] == 2
+    assert [f["error"] for f in run["failed"]] == ["AssertionError"]
+    assert stages["chapters"]["all_claims_held"] is False
+    full = stages["full"]["methods"]["alibi"]
+    assert (tmp_path / full["file"]).is_file() and set(full["bpb"]) == {"1", "2"}
     for method in ("alibi", "fire"):
         row = stages["train"]["methods"][method]
         assert row["finite"] and set(row["bpb"]) == {"1", "2"}, row

@@ -8,10 +8,11 @@ import torch
 
 from relbias import RopeScaling
 from relbias.lab import interpolation as ip
-from relbias.lab.experiments import main
-from relbias.lab.model import Rotary, TinyLM
+from relbias.lab.cli import interpolation_table, main
+from relbias.lab.config import get_config
+from relbias.lab.model import TinyLM
+from relbias.lab.plots import plot_interpolation
 from relbias.lab.stats import interval
-from relbias.lab.training import get_config
 
 matplotlib.use("Agg")
 
@@ -27,8 +28,15 @@ def test_scaling_for_each_name():
         ip.scaling_for("ntk_by_parts", 2, 32)
 
 
-def test_tinylm_rope_scaling_is_an_attribute_and_rope_scale_still_works():
-    model = TinyLM(dim=16, heads=2, depth=1, train_len=8, position="rope", rope_scale=4.0)
+def test_tinylm_rope_scaling_is_an_attribute():
+    model = TinyLM(
+        dim=16,
+        heads=2,
+        depth=1,
+        train_len=8,
+        position="rope",
+        rope_scaling=RopeScaling("linear", 4.0),
+    )
     assert model.rope_scaling == RopeScaling("linear", 4.0)
     model.rope_scaling = {"kind": "yarn", "factor": 2.0, "original_len": 8}
     assert model.rotary.attention_factor == pytest.approx(0.1 * math.log(2) + 1)
@@ -38,13 +46,9 @@ def test_tinylm_rope_scaling_is_an_attribute_and_rope_scale_still_works():
         plain = model(x)
         model.rope_scaling = RopeScaling("ntk", 3.0)
         assert not torch.allclose(plain, model(x))
-    with pytest.raises(ValueError, match="rope_scale or rope_scaling"):
-        TinyLM(position="rope", rope_scale=2.0, rope_scaling=RopeScaling("ntk", 2.0))
     with pytest.raises(ValueError, match="rope_scaling needs position='rope'"):
         TinyLM(position="alibi").rope_scaling = None
     assert TinyLM(position="alibi").rope_scaling is None
-    old = Rotary(8, 10000.0, 2.0)  # the older positional call
-    assert old.scaling == RopeScaling("linear", 2.0)
 
 
 def test_tiny_run_end_to_end():
@@ -74,8 +78,8 @@ def test_tiny_run_end_to_end():
     )
     lr10 = [r["finetuned"]["linear_lr10"]["2"]["eval"][0]["bpb"] for r in results["runs"]]
     assert lr10 != [r["finetuned"]["linear"]["2"]["eval"][0]["bpb"] for r in results["runs"]]
-    assert "yarn, 2 steps" in ip.interpolation_table(results)
-    fig = ip.plot_interpolation(results)
+    assert "yarn, 2 steps" in interpolation_table(results)
+    fig = plot_interpolation(results)
     assert len(fig.axes) == 2
     with pytest.raises(ValueError, match="finetune_factor"):
         ip.run_interpolation(config, seeds=(0,), finetune_factor=3, verbose=False)

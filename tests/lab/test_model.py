@@ -3,10 +3,10 @@
 import pytest
 import torch
 
+from relbias import RotaryEmbedding
 from relbias.lab.model import (
     BIAS_POSITIONS,
     POSITION_NAMES,
-    Rotary,
     TinyLM,
     default_bias_kwargs,
     sinusoidal_positions,
@@ -107,7 +107,7 @@ def test_forward_rejects_1d_input():
 
 
 def test_rotary_scores_depend_only_on_offset():
-    rot = Rotary(8)
+    rot = RotaryEmbedding(8)
     q, k = torch.randn(8), torch.randn(8)
     seq = torch.stack([q, k] * 10)[None, None]  # q at even, k at odd positions
     out = rot(seq)[0, 0]

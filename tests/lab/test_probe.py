@@ -3,9 +3,18 @@
 import pytest
 import torch
 
-from relbias.lab.data import KEYS, VALUES
-from relbias.lab.probe import make_competing_batch, make_probe_batch, max_distance, min_distance
-from relbias.lab.training import Config, evaluate_retrieval, probe_batches
+from relbias.lab.config import Config
+from relbias.lab.evaluation import evaluate_retrieval
+from relbias.lab.probe import (
+    KEYS,
+    VALUES,
+    make_competing_batch,
+    make_probe_batch,
+    make_recall_batch,
+    max_distance,
+    min_distance,
+    probe_batches,
+)
 
 UPPER = set(KEYS)
 DIGITS = set(VALUES)
@@ -117,3 +126,47 @@ def test_evaluate_retrieval_skips_distances_that_leave_no_room():
     assert [r["distance"] for r in rows][0] == min_distance(2)
     assert [r["distance"] for r in rows][-1] == 26  # 32 - 2 - 2 * 2
     assert all(min_distance(2) <= r["distance"] <= 26 for r in rows)
+
+
+@pytest.mark.parametrize("num_pairs", [1, 4])
+def test_recall_answer_sits_at_distance(num_pairs):
+    dist = torch.tensor([1, 5, 17, 30])
+    x, y = make_recall_batch(
+        4, 32, dist, num_pairs=num_pairs, generator=torch.Generator().manual_seed(3)
+    )
+    assert (y[:, :-1] == -100).all()
+    for row, target, d in zip(x, y[:, -1], dist.tolist()):
+        pos = 31 - d
+        assert int(row[pos]) == int(target) and int(target) in VALUES
+        assert int(row[pos - 1]) == int(row[-1]) and int(row[-1]) in KEYS
+        assert sum(int(b) in VALUES for b in row) == num_pairs
+        keys = [int(b) for b in row[:-1] if int(b) in KEYS]
+        assert len(keys) == len(set(keys)) == num_pairs
+
+
+def test_recall_is_seeded_and_checks_distance():
+    def batch(seed):
+        return make_recall_batch(3, 20, 7, generator=torch.Generator().manual_seed(seed))
+
+    assert all(torch.equal(a, b) for a, b in zip(batch(1), batch(1)))
+    assert not torch.equal(batch(1)[0], batch(2)[0])
+    for bad in (0, 19):
+        with pytest.raises(ValueError, match="distance"):
+            make_recall_batch(1, 20, bad, generator=torch.Generator())
+
+
+def test_recall_distractors_are_lone_digits():
+    x, y = make_recall_batch(
+        8, 40, 10, num_pairs=2, num_distractors=5, generator=torch.Generator().manual_seed(0)
+    )
+    for row, target in zip(x, y[:, -1]):
+        assert sum(int(b) in VALUES for b in row) == 2 + 5
+        assert int(row[-11]) == int(target) and int(row[-12]) == int(row[-1])
+        digits_after_keys = [
+            i for i in range(1, 40) if int(row[i]) in VALUES and int(row[i - 1]) in KEYS
+        ]
+        assert len(digits_after_keys) == 2
+    with pytest.raises(ValueError, match="do not fit"):
+        make_recall_batch(1, 10, 3, num_pairs=2, num_distractors=6, generator=torch.Generator())
+    with pytest.raises(ValueError, match="num_distractors"):
+        make_recall_batch(1, 10, 3, num_distractors=-1, generator=torch.Generator())

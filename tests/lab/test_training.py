@@ -8,25 +8,21 @@ import pytest
 import torch
 from conftest import tiny_config
 
+from relbias.lab.config import get_config
+from relbias.lab.device import autocast_dtype, largest_that_fits, pick_device, seed_everything
+from relbias.lab.evaluation import evaluate_lengths, evaluate_retrieval, learned_bias
+from relbias.lab.experiments import run_extrapolation
 from relbias.lab.model import BIAS_POSITIONS, POSITION_NAMES, TinyLM, lm_loss
-from relbias.lab.training import (
-    autocast_dtype,
-    build_model,
-    evaluate_lengths,
-    evaluate_retrieval,
-    get_config,
-    largest_that_fits,
-    learned_bias,
+from relbias.lab.plots import plot_results
+from relbias.lab.probe import probe_batches
+from relbias.lab.results import (
     learned_bias_from_results,
     load_results,
-    pick_device,
-    plot_results,
-    probe_batches,
+    made_with,
     provenance,
-    save_results,
-    seed_everything,
-    train_lm,
+    write_results,
 )
+from relbias.lab.training import build_model, train_lm
 
 matplotlib.use("Agg")
 
@@ -62,6 +58,12 @@ def test_autocast_dtype_by_device(monkeypatch):
     assert autocast_dtype("cuda") is torch.float16  # a T4: no bfloat16 tensor cores
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
     assert autocast_dtype("cuda") is torch.bfloat16
+    # asked for: a T4's float16 on a larger GPU, or no autocast; the CPU never autocasts
+    assert autocast_dtype("cuda", torch.float16) is torch.float16
+    assert autocast_dtype("cuda", None) is None and autocast_dtype("cpu", torch.float16) is None
+    for bad in ("float16", torch.float32, 16):
+        with pytest.raises(ValueError, match="amp_dtype must be one of"):
+            autocast_dtype("cpu", bad)
 
 
 def test_pick_device_never_chooses_mps_by_itself(monkeypatch):
@@ -132,13 +134,46 @@ def test_learned_positions_without_fallback_refuse_long_eval(corpus):
         evaluate_lengths(model, corpus.val, TINY, factors=(0,))
 
 
-def test_training_is_deterministic(corpus):
-    runs = []
-    for _ in range(2):
-        seed_everything(0)
-        model = build_model("kerple_log", TINY)
-        runs.append(train_lm(model, corpus.train, TINY, steps=5, progress=False)["losses"])
+@pytest.mark.parametrize("position", POSITION_NAMES)
+def test_two_runs_give_identical_numbers(position, corpus):
+    """Two trainings of the same configuration and seed, with two threads (where the fused
+    kernel's backward splits work between threads), repeat bit for bit."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        runs = []
+        for _ in range(2):
+            seed_everything(0)
+            model = build_model(position, TINY, learned_fallback="clip")
+            history = train_lm(model, corpus.train, TINY, steps=6, progress=False)
+            evals = evaluate_lengths(model, corpus.val, TINY, factors=(1, 2))
+            runs.append((history["losses"], [r["bpb"] for r in evals]))
+    finally:
+        torch.set_num_threads(threads)
     assert runs[0] == runs[1]
+
+
+def test_deterministic_algorithms_are_on_only_while_training(corpus):
+    from relbias.lab.device import deterministic_algorithms
+
+    assert not torch.are_deterministic_algorithms_enabled()
+    seed_everything(0)  # seeding alone switches nothing on
+    assert not torch.are_deterministic_algorithms_enabled()
+    seen = []
+    model = build_model("alibi", TINY)
+    train_lm(
+        model, corpus.train, TINY, steps=2, progress=False,
+        after_step=lambda step, m: seen.append(torch.are_deterministic_algorithms_enabled()),
+    )  # fmt: skip
+    assert seen == [True, True] and not torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)  # a caller's own setting is restored as it was
+    try:
+        with deterministic_algorithms():
+            assert torch.is_deterministic_algorithms_warn_only_enabled()
+        assert not torch.is_deterministic_algorithms_warn_only_enabled()
+        assert torch.are_deterministic_algorithms_enabled()
+    finally:
+        torch.use_deterministic_algorithms(False)
 
 
 @pytest.mark.parametrize("position", BIAS_POSITIONS)
@@ -202,7 +237,7 @@ def test_results_roundtrip_and_plots(tmp_path):
     prov = results["provenance"]
     assert prov["config"]["name"] == "tiny" and prov["torch"] == torch.__version__
     assert {"device", "commit", "created_utc", "wall_s", "python"} <= set(prov)
-    path = save_results(results, tmp_path / "sub" / "r.json")
+    path = write_results(results, tmp_path / "sub" / "r.json")
     assert load_results(path) == json.loads(json.dumps(results))
     fig = plot_results(results, tmp_path / "r.png")
     assert (tmp_path / "r.png").stat().st_size > 0 and len(fig.axes) == 2
@@ -300,7 +335,6 @@ def test_validation_curve_during_training(corpus):
 
 
 def test_plot_shows_interval_bands(tmp_path):
-    from relbias.lab.experiments import run_extrapolation
 
     cfg = TINY.replace(steps=3, eval_factors=(1, 2))
     res = run_extrapolation(cfg, ["alibi"], seeds=[0, 1], progress=False, verbose=False)
@@ -311,6 +345,7 @@ def test_plot_shows_interval_bands(tmp_path):
     fig = plot_results(res)
     assert len(fig.axes[0].collections) == 1  # the band of the one method
     single = run_extrapolation(cfg, ["alibi"], progress=False, verbose=False)
+    assert single["seeds"] == [cfg.seed]  # one seed: no interval to shade
     assert len(plot_results(single).axes[0].collections) == 0
     assert len(plot_results(single).axes) == 2  # no validation curve: two panels
     curved = run_extrapolation(
@@ -327,12 +362,28 @@ def test_plot_shows_interval_bands(tmp_path):
 
 
 def test_made_with_tells_which_config_a_stored_result_came_from():
-    from relbias.lab.training import get_config, load_results, made_with
-
-    stored = load_results("quick_extrapolation")  # written before later Config fields existed
-    assert made_with(stored, get_config("quick"))
+    older = get_config("quick").to_dict()
+    del older["probe_task"], older["val_every"]  # fields added to Config later
+    stored = {"provenance": {"config": older}}
+    assert made_with(stored, get_config("quick"))  # a missing field counts at its default
     assert not made_with(stored, get_config("quick").replace(steps=999))
     assert not made_with(stored, get_config("medium"))
     newer = {"provenance": {"config": get_config("medium").to_dict()}}
     assert made_with(newer, get_config("medium"))
     assert not made_with(newer, get_config("medium").replace(val_every=7))
+
+
+def test_attention_memory_estimate_for_a_16_gb_card():
+    from relbias.lab.device import attention_memory_bytes
+
+    medium = get_config("medium")
+    est = attention_memory_bytes(medium, seq_len=2048, batch=8, training=False)
+    assert est["attention"] == 2 * 8 * 4 * 2048 * 2048 * 2  # scores and weights, 16-bit
+    assert est["bias"] == 4 * 2048 * 2048 * 4 and est["total"] == sum(
+        v for k, v in est.items() if k != "total"
+    )
+    train = attention_memory_bytes(medium, seq_len=128, batch=16, training=True)
+    assert train["attention"] == medium.depth * 2 * 16 * 4 * 128 * 128 * 2
+    full = get_config("full")
+    longest = attention_memory_bytes(full, seq_len=16 * full.train_len, batch=8, training=False)
+    assert longest["total"] < 16 * 1024**3 / 2  # the full configuration's 16x fits a T4

@@ -29,7 +29,10 @@
 // dQ^T += K^T dS^T. A column of dS^T is one key against consecutive queries, i.e.
 // consecutive offsets: the bias's gradient is reduced per offset with vector adds
 // (OffsetBias), through FIRE's MLP per score (FireBias), or per key and per query
-// (ForgettingBias: dF_j -= sum_r dS^T[r], dF_i += dS^T[r]).
+// (ForgettingBias: dF_j -= sum_r dS^T[r], dF_i += dS^T[r]). Threads take whole (batch, head)
+// pairs, whichever is next; each pair's gradient of the bias goes into a buffer of its own,
+// and the buffers are summed in the order of the pairs: the same bits on every run, with
+// any number of threads.
 // Matrix products go through oneDNN's batch-reduce GEMM (at::native::cpublas::brgemm).
 // Every op takes float32 or bfloat16 q, k, v (bfloat16 is read into float32: the arithmetic
 // is float32's). The forward returns its output in float32 (the caller rounds it to q's
@@ -130,8 +133,10 @@ inline float exp_sum(float* s, int64_t n, float m) {
 // add_row, which also returns the run's largest score) and in the backward's (one key,
 // consecutive queries: add_col), bounds PE over a
 // block of queries and keys from above (bound), and accumulates its gradient from a run of
-// dS^T (grad_col) into a per-thread Grad. Each takes bh, the index of the (batch, head) pair,
-// and reads what it needs of it (the head bh % heads, or the sequence's own tensors).
+// dS^T (grad_col) into the Grad of one (batch, head) pair (the caller sums those in the order
+// of the pairs, so that the sum is the same on every run). Each takes bh, the index of the
+// (batch, head) pair, and reads what it needs of it (the head bh % heads, or the sequence's
+// own tensors).
 
 struct OffsetBias {
   const float* rtable;  // [heads, width]: rtable[h, m] = PE(hi - m)
@@ -174,13 +179,13 @@ struct OffsetBias {
   }
 
   struct Grad {
-    std::vector<float> table;  // [heads, width] in offset order
-    explicit Grad(const OffsetBias& b) : table(b.heads * b.width, 0.f) {}
+    std::vector<float> table;  // [width] in offset order: one (batch, head) pair's
+    explicit Grad(const OffsetBias& b) : table(b.width, 0.f) {}
   };
-  // grad.table[h, offset(i0 + r, j)] += ds[r] for r < n
-  void grad_col(int64_t bh, int64_t i0, int64_t /*row0*/, int64_t j, int64_t n, const float* ds,
-                Grad& g) const {
-    add_run(g.table.data() + bh % heads * width + (i0 - j - lowest), ds, n);
+  // grad.table[offset(i0 + r, j)] += ds[r] for r < n
+  void grad_col(int64_t /*bh*/, int64_t i0, int64_t /*row0*/, int64_t j, int64_t n,
+                const float* ds, Grad& g) const {
+    add_run(g.table.data() + (i0 - j - lowest), ds, n);
   }
 };
 
@@ -234,13 +239,14 @@ struct FireBias {
   // never skips a block
   float bound(int64_t, int64_t, int64_t, int64_t, int64_t) const { return kInf; }
 
+  // one (batch, head) pair's: the gradients of w2, slope and intercept are its head's
   struct Grad {
     std::vector<float> psi, inv;  // [width] in offset order, [q_len]
-    std::vector<Vec> w1, b1, w2, slope, intercept;  // per-lane sums: [units], [units],
-                                                    // [heads, units], [heads], [heads]
+    std::vector<Vec> w1, b1, w2;  // per-lane sums: [units] each (w2: the head's row)
+    Vec slope{0.f}, intercept{0.f};
     Grad(const FireBias& b, int64_t q_len)
         : psi(b.width, 0.f), inv(q_len, 0.f), w1(b.units, Vec(0.f)), b1(b.units, Vec(0.f)),
-          w2(b.heads * b.units, Vec(0.f)), slope(b.heads, Vec(0.f)), intercept(b.heads, Vec(0.f)) {}
+          w2(b.units, Vec(0.f)) {}
   };
   // The gradient of sum_r ds[r] f_h(x_r), x_r = psi(|i0 + r - j|) * inv_den[row0 + r]
   void grad_col(int64_t bh, int64_t i0, int64_t row0, int64_t j, int64_t n, const float* ds,
@@ -251,14 +257,14 @@ struct FireBias {
     float* dpsi = g.psi.data() + t0;
     float* dinv = g.inv.data() + row0;
     const float* w2h = w2 + h * units;
-    Vec* gw2 = g.w2.data() + h * units;
+    Vec* gw2 = g.w2.data();
     const Vec zero(0.f);
     for (int64_t c = 0; c < n; c += Vec::size()) {
       const int64_t lanes = std::min<int64_t>(Vec::size(), n - c);
       const Vec d = Vec::loadu(ds + c, lanes), pv = Vec::loadu(p + c, lanes);
       const Vec iv = Vec::loadu(inv + c, lanes), x = pv * iv;
-      g.slope[h] = at::vec::fmadd(d, x, g.slope[h]);
-      g.intercept[h] = g.intercept[h] + d;
+      g.slope = at::vec::fmadd(d, x, g.slope);
+      g.intercept = g.intercept + d;
       Vec dx = d * Vec(slope[h]);
       for (int64_t u = 0; u < units; ++u) {
         const Vec a = at::vec::fmadd(x, Vec(w1[u]), Vec(b1[u]));
@@ -324,8 +330,8 @@ struct ForgettingBias {
     return (h[i0] - h[c1]) + (l[i0] - l[c1]);
   }
 
-  // The gradient of lo, [batch * heads, width]: each (batch, head) pair is one thread's
-  // (the backward hands out whole pairs), so every thread writes its rows straight into it.
+  // The gradient of lo, [batch * heads, width]: each (batch, head) pair writes its own row
+  // (the backward hands out whole pairs), straight into it.
   struct Grad {
     float* dlo;
   };
@@ -706,8 +712,10 @@ void backward_head(const Problem& p, const Bias& bias, const Norms& norms, int64
   }
 }
 
-// The gradients of q, k, v (in q's dtype), each thread taking whole heads, and each thread's
-// gradient of the bias (merged by the caller).
+// The gradients of q, k, v (in q's dtype), each thread taking whole heads (whichever is
+// next), and the bias's gradient of each (batch, head) pair: the caller sums them in the
+// order of the pairs, so that the bias's gradient has the same bits on every run whatever
+// thread computed which pair (and however many threads there are).
 template <typename Bias, typename MakeGrad>
 std::tuple<at::Tensor, at::Tensor, at::Tensor, std::vector<typename Bias::Grad>> backward(
     const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in,
@@ -724,22 +732,22 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, std::vector<typename Bias::Grad>>
               "lse must be [batch, heads, q_len]");
   const int64_t batch_heads = q.size(0) * q.size(1);
   auto dq = at::zeros_like(q), dk = at::zeros_like(k), dv = at::zeros_like(v);
-  std::vector<typename Bias::Grad> grads;
+  std::vector<typename Bias::Grad> grads;  // one per (batch, head) pair
+  grads.reserve(batch_heads);
+  for (int64_t bh = 0; bh < batch_heads; ++bh) grads.push_back(make_grad());
   const int64_t threads = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(),
                                                                   batch_heads));
-  for (int64_t t = 0; t < threads; ++t) grads.push_back(make_grad());
   if (q.size(2) > 0) {
     const Problem p = make_problem(q, k, v, q_start, causal, q_block, kv_block);
     const Norms norms(p, batch_heads);
     Counts counts;
-    std::atomic<int64_t> next{0}, slot{0};
+    std::atomic<int64_t> next{0};
     at::parallel_for(0, threads, 1, [&](int64_t, int64_t) {
-      const int64_t mine = slot++;
       BackwardWorkspace w(p);
       for (int64_t bh = next++; bh < batch_heads; bh = next++) {
         backward_head(p, bias, norms, bh, out.data_ptr<float>(), dout.data_ptr<float>(),
                       lse.data_ptr<float>(), dq.data_ptr<float>(), dk.data_ptr<float>(),
-                      dv.data_ptr<float>(), w, grads[mine], counts);
+                      dv.data_ptr<float>(), w, grads[bh], counts);
       }
       at::native::cpublas::brgemm_release(false);
     });
@@ -788,12 +796,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> offset_backward(
                                       kv_block, [&] { return OffsetBias::Grad(bias); });
   auto drtable = at::zeros_like(rtable);
   float* dr = drtable.data_ptr<float>();
-  for (const auto& g : grads) {
-    for (int64_t h = 0; h < bias.heads; ++h) {
-      for (int64_t t = 0; t < bias.width; ++t) {
-        dr[h * bias.width + bias.width - 1 - t] += g.table[h * bias.width + t];
-      }
-    }
+  for (size_t bh = 0; bh < grads.size(); ++bh) {  // in the order of the pairs: fixed
+    float* row = dr + static_cast<int64_t>(bh) % bias.heads * bias.width;
+    const float* g = grads[bh].table.data();
+    for (int64_t t = 0; t < bias.width; ++t) row[bias.width - 1 - t] += g[t];
   }
   return {dq, dk, dv, drtable};
 }
@@ -844,20 +850,19 @@ std::vector<at::Tensor> fire_backward(const at::Tensor& q, const at::Tensor& k,
        db1 = at::zeros_like(b1), dw2 = at::zeros_like(w2), dslope = at::zeros_like(slope),
        dintercept = at::zeros_like(intercept);
   float *pr = drpsi.data_ptr<float>(), *pi = dinv.data_ptr<float>();
-  for (const auto& g : grads) {
+  float *pw1 = dw1.data_ptr<float>(), *pb1 = db1.data_ptr<float>(), *pw2 = dw2.data_ptr<float>();
+  for (size_t bh = 0; bh < grads.size(); ++bh) {  // in the order of the pairs: fixed
+    const auto& g = grads[bh];
+    const int64_t h = static_cast<int64_t>(bh) % bias.heads;
     for (int64_t t = 0; t < bias.width; ++t) pr[bias.width - 1 - t] += g.psi[t];
     for (int64_t r = 0; r < q_len; ++r) pi[r] += g.inv[r];
     for (int64_t u = 0; u < bias.units; ++u) {
-      dw1.data_ptr<float>()[u] += lane_sum(g.w1[u]);
-      db1.data_ptr<float>()[u] += lane_sum(g.b1[u]);
+      pw1[u] += lane_sum(g.w1[u]);
+      pb1[u] += lane_sum(g.b1[u]);
+      pw2[h * bias.units + u] += lane_sum(g.w2[u]);
     }
-    for (int64_t e = 0; e < bias.heads * bias.units; ++e) {
-      dw2.data_ptr<float>()[e] += lane_sum(g.w2[e]);
-    }
-    for (int64_t h = 0; h < bias.heads; ++h) {
-      dslope.data_ptr<float>()[h] += lane_sum(g.slope[h]);
-      dintercept.data_ptr<float>()[h] += lane_sum(g.intercept[h]);
-    }
+    dslope.data_ptr<float>()[h] += lane_sum(g.slope);
+    dintercept.data_ptr<float>()[h] += lane_sum(g.intercept);
   }
   return {dq, dk, dv, drpsi, dinv, dw1, db1, dw2, dslope, dintercept};
 }

@@ -1,4 +1,5 @@
-"""relbias.book.stored: the verdicts the chapters glue claim only what the intervals allow."""
+"""The stored sweeps: joined over files and seeds (relbias.lab.results), verdicts that claim only
+what the intervals allow (relbias.lab.stats), their tables (relbias.book.sweeps) and figures."""
 
 from __future__ import annotations
 
@@ -8,9 +9,9 @@ import random
 import matplotlib
 import pytest
 
-from relbias.book import stored
-from relbias.lab.experiments import summarize_extrapolation, summarize_retrieval
-from relbias.lab.stats import interval
+from relbias.book import sweeps
+from relbias.lab import plots, results, stats
+from relbias.lab.stats import interval, summarize_extrapolation, summarize_retrieval
 
 matplotlib.use("Agg")
 
@@ -68,14 +69,12 @@ def test_compare_claims_an_order_only_where_the_intervals_separate():
             "noisy": [[0.5, 1.0, 1.0], [2.5, 1.0, 1.0], [1.5, 1.0, 1.0]],
         }
     )
-    assert stored.compare(res, "low", "high", 1) == "lower"
-    assert stored.compare(res, "high", "low", 1) == "higher"
-    assert stored.compare(res, "noisy", "low", 1) == "overlapping"
-    assert stored.compare(res, "noisy", "high", 1) == "overlapping"
-    assert stored.relation(res, "low", "high", 1) == "lies below"
-    assert stored.relation(res, "noisy", "high", 1) == "overlaps"
+    assert stats.compare(res, "low", "high", 1) == "lower"
+    assert stats.compare(res, "high", "low", 1) == "higher"
+    assert stats.compare(res, "noisy", "low", 1) == "overlapping"
+    assert stats.compare(res, "noisy", "high", 1) == "overlapping"
     other = _results({"low": [[3.0, 3.0, 3.0], [3.01, 3.0, 3.0], [2.99, 3.0, 3.0]]})
-    assert stored.order(stored.at_factor(res, "low", 1), stored.at_factor(other, "low", 1)) == (
+    assert stats.order(stats.at_factor(res, "low", 1), stats.at_factor(other, "low", 1)) == (
         "lower"
     )
 
@@ -87,7 +86,7 @@ def test_compare_agrees_with_the_intervals_over_random_sweeps():
         res = _results(per)
         a = interval([s[0] for s in per["a"]])
         b = interval([s[0] for s in per["b"]])
-        verdict = stored.compare(res, "a", "b", 1)
+        verdict = stats.compare(res, "a", "b", 1)
         if a["high"] < b["low"]:
             assert verdict == "lower"
         elif b["high"] < a["low"]:
@@ -100,27 +99,25 @@ def test_trend_uses_the_per_seed_change():
     # The seeds differ a lot from each other but each degrades by about 0.5: the paired
     # change is clear even though the two lengths' intervals overlap.
     res = _results({"m": [[1.0, 1.2, 1.5], [2.0, 2.2, 2.51], [3.0, 3.2, 3.49]]})
-    assert stored.compare(res, "m", "m", 1) == "overlapping"
-    t = stored.trend(res, "m")
+    assert stats.compare(res, "m", "m", 1) == "overlapping"
+    t = stats.trend(res, "m")
     assert t["verdict"] == "degrades" and t["end"] == 4
     assert t["mean"] == pytest.approx(0.5)
     better = _results({"m": [[1.5, 1.2, 1.0], [2.5, 2.2, 2.01], [3.5, 3.2, 2.99]]})
-    assert stored.trend(better, "m")["verdict"] == "improves"
+    assert stats.trend(better, "m")["verdict"] == "improves"
     mixed = _results({"m": [[1.0, 1.0, 1.3], [1.0, 1.0, 0.7], [1.0, 1.0, 1.05]]})
-    assert (
-        stored.trend(mixed, "m")["verdict"] == "neither degrades nor improves beyond the interval"
-    )
-    assert stored.trend(mixed, "m", end=2)["mean"] == pytest.approx(0.0)
+    assert stats.trend(mixed, "m")["verdict"] == "neither degrades nor improves beyond the interval"
+    assert stats.trend(mixed, "m", end=2)["mean"] == pytest.approx(0.0)
 
 
 def test_table_describe_levelled_and_figure():
     res = _results({"a": [[1.0, 1.1, 1.2]] * 2 + [[1.2, 1.3, 1.4]], "b": [[2.0, 2.0, 2.0]] * 3})
-    rows, headers = stored.bpb_table(res, ["b", "a"])
+    rows, headers = sweeps.bpb_table(res, ["b", "a"])
     assert headers == ["method", "16 (1x)", "32 (2x)", "64 (4x)"]
     assert [r[0] for r in rows] == ["b", "a"] and rows[0][1] == "2.00 [2.00, 2.00]"
     mean, rest = rows[1][1].split(" [")
     assert float(mean) == pytest.approx(1.0667, abs=1e-2) and rest.endswith("]")
-    info = stored.describe(res)
+    info = results.describe(res)
     assert info == {
         "seeds": 3,
         "steps": 1000,
@@ -130,9 +127,9 @@ def test_table_describe_levelled_and_figure():
         "eval_kb": 128,
         "files": 20,
     }
-    lev = stored.levelled(res, "a")
+    lev = stats.levelled(res, "a")
     assert lev["seeds"] == 3 and lev["levelled"] == 0 and lev["largest_drop"] > 0.19
-    fig = stored.plot_sweep(res, ["a", "b"])
+    fig = plots.plot_sweep(res, ["a", "b"])
     assert len(fig.axes) == 2
 
 
@@ -151,46 +148,46 @@ def test_accuracy_table_clips_the_interval_to_probabilities():
         "seeds": [0, 1, 2],
         "provenance": {"config": {"train_len": 16, "steps": 1, "probe_steps": 5}},
     }
-    rows, headers = stored.accuracy_table(res, ["alibi"], 64)
+    rows, headers = sweeps.accuracy_table(res, ["alibi"], 64)
     assert headers == ["method", "d = 3", "d = 9"]
     low, high = rows[0][1].split("[")[1].rstrip("]").split(", ")
     assert float(low) == 0.0 and float(high) == 1.0
-    assert len(stored.plot_probe(res, ["alibi"]).axes) == 1
-    far = stored.accuracy_at(res, "alibi", 64)
+    assert len(plots.plot_probe(res, ["alibi"]).axes) == 1
+    far = stats.accuracy_at(res, "alibi", 64)
     assert far["distance"] == 9 and far["low"] == 0.0 and far["high"] == 1.0
-    assert stored.compare_accuracy(res, "alibi", "alibi", 64) == "overlapping"
+    assert stats.compare_accuracy(res, "alibi", "alibi", 64) == "overlapping"
     with pytest.raises(ValueError, match="distance must be one of"):
-        stored.accuracy_at(res, "alibi", 64, 5)
+        stats.accuracy_at(res, "alibi", 64, 5)
     with pytest.raises(ValueError, match="length 128"):
-        stored.accuracy_table(res, ["alibi"], 128)
-    assert stored.probe_lengths(res) == [64]
-    assert stored.far_accuracy(res, ["alibi"]) == {"alibi": {64: far}}
-    rows, headers = stored.far_accuracy_table(stored.far_accuracy(res, ["alibi"]))
+        sweeps.accuracy_table(res, ["alibi"], 128)
+    assert stats.probe_lengths(res) == [64]
+    assert stats.far_accuracy(res, ["alibi"]) == {"alibi": {64: far}}
+    rows, headers = sweeps.far_accuracy_table(stats.far_accuracy(res, ["alibi"]))
     assert headers == ["method", "64 tokens, d = 9"]
-    assert rows == [["alibi", stored.show_interval(far)]]
+    assert rows == [["alibi", sweeps.show_interval(far)]]
     with pytest.raises(ValueError, match="far must hold at least one method"):
-        stored.far_accuracy_table({})
+        sweeps.far_accuracy_table({})
 
 
 def test_bad_input_is_named():
     res = _results({"a": [[1.0, 1.0, 1.0]] * 3})
     with pytest.raises(ValueError, match="kind must be one of"):
-        stored.load("nope")
+        results.load_stored("nope")
     with pytest.raises(ValueError, match=r"methods \['zz'\] are not in the results"):
-        stored.only(res, ["zz"])
+        results.only(res, ["zz"])
     with pytest.raises(ValueError, match="factor must be one of"):
-        stored.compare(res, "a", "a", 3)
+        stats.compare(res, "a", "a", 3)
 
 
 def test_spread_by_step_follows_the_validation_curves():
     res = _results({"a": [[1.0, 1.0, 1.0]] * 3, "b": [[2.0, 2.0, 2.0]] * 3})
     # _record's curves: 3.0 - step/1000 + 0.01 * seed, the same for both methods
-    rows = stored.spread_by_step(res, ["a", "b"])
+    rows = stats.spread_by_step(res, ["a", "b"])
     assert [r["step"] for r in rows] == [0, 250, 500, 750, 1000]
     assert all(r["spread"] == pytest.approx(0.0) for r in rows)
     assert rows[-1]["means"]["a"] == pytest.approx(2.01)
     with pytest.raises(ValueError, match="no validation curve"):
-        stored.spread_by_step({"methods": {"a": {"seeds": {"0": {"train": {}}}}}}, ["a"])
+        stats.spread_by_step({"methods": {"a": {"seeds": {"0": {"train": {}}}}}}, ["a"])
 
 
 def test_gap_by_step_follows_one_method_against_the_mean_of_others():
@@ -199,53 +196,47 @@ def test_gap_by_step_follows_one_method_against_the_mean_of_others():
     for record in res["methods"]["c"]["seeds"].values():
         for point in record["train"]["val_curve"]:
             point["bpb"] += 0.3 * (1 - point["step"] / 1000)
-    gap = stored.gap_by_step(res, "c", ["a", "b", "c"])
+    gap = stats.gap_by_step(res, "c", ["a", "b", "c"])
     assert list(gap) == [0, 250, 500, 750, 1000]
     assert [round(g, 6) for g in gap.values()] == [0.3, 0.225, 0.15, 0.075, 0.0]
-    assert stored.gap_by_step(res, "a", ["b"]) == pytest.approx(dict.fromkeys(gap, 0.0))
-    assert stored.nearest_step(gap, 600) == 500 and stored.nearest_step(gap, 5000) == 1000
+    assert stats.gap_by_step(res, "a", ["b"]) == pytest.approx(dict.fromkeys(gap, 0.0))
+    assert stats.nearest_step(gap, 600) == 500 and stats.nearest_step(gap, 5000) == 1000
     with pytest.raises(ValueError, match="others must hold a method besides 'a'"):
-        stored.gap_by_step(res, "a", ["a"])
-
-
-def test_glue_sweep_returns_what_it_glues():
-    res = _results({"a": [[1.0, 1.1, 1.2], [1.1, 1.2, 1.3], [1.2, 1.3, 1.41]]})
-    out = stored.glue_sweep("chx", res, ["a"])
-    assert out["describe"]["seeds"] == 3 and out["trend"]["a"]["verdict"] == "degrades"
+        stats.gap_by_step(res, "a", ["a"])
 
 
 def test_combine_joins_sweeps_of_one_configuration_only():
     a = _results({"a": [[1.0, 1.0, 1.0]] * 3})
     b = _results({"b": [[2.0, 2.0, 2.0]] * 3})
     b["provenance"] = {**b["provenance"], "commit": "1234567890"}
-    both = stored.combine(a, b)
+    both = results.combine(a, b)
     assert list(both["methods"]) == ["a", "b"] and both["methods"]["b"] is b["methods"]["b"]
     # the provenance of every file, as join_parts records it
     assert [(p["methods"], p["wall_s"]) for p in both["parts"]] == [(["a"], 600.0), (["b"], 600.0)]
     assert both["provenance"]["wall_s"] == 1200.0
-    assert stored.describe(both)["commit"] == "abcdef0, 1234567"
-    assert stored.describe(stored.only(both, ["b"]))["commit"] == "1234567"
+    assert results.describe(both)["commit"] == "abcdef0, 1234567"
+    assert results.describe(results.only(both, ["b"]))["commit"] == "1234567"
     other = {**b, "provenance": {**b["provenance"], "config": {"train_len": 32, "steps": 1}}}
     with pytest.raises(ValueError, match="different configurations"):
-        stored.combine(a, other)
+        results.combine(a, other)
     with pytest.raises(ValueError, match="differ in seeds"):
-        stored.combine(a, {**b, "seeds": [0]})
+        results.combine(a, {**b, "seeds": [0]})
     with pytest.raises(ValueError, match="more than one sweep"):
-        stored.combine(a, a)
+        results.combine(a, a)
 
 
 def test_renamed_puts_a_variant_beside_its_method():
     a = _results({"a": [[1.0, 1.0, 1.0]] * 3})
-    both = stored.combine(a, stored.renamed(a, {"a": "a_variant"}))
+    both = results.combine(a, results.renamed(a, {"a": "a_variant"}))
     assert list(both["methods"]) == ["a", "a_variant"]
     # the variant's file is found under its new name, also when it is itself joined
-    assert [p["methods"] for p in stored.only(both, ["a_variant"])["parts"]] == [["a_variant"]]
-    joined = stored.join_parts([a, _results({"a": [[1.0, 1.0, 1.0]] * 3}, 3)])
-    variant = stored.combine(a, stored.renamed(joined, {"a": "v"}), same_seeds=False)
-    variant = stored.only(variant, ["v"])
+    assert [p["methods"] for p in results.only(both, ["a_variant"])["parts"]] == [["a_variant"]]
+    joined = results.join_parts([a, _results({"a": [[1.0, 1.0, 1.0]] * 3}, 3)])
+    variant = results.combine(a, results.renamed(joined, {"a": "v"}), same_seeds=False)
+    variant = results.only(variant, ["v"])
     assert [p["seeds"] for p in variant["parts"]] == [[0, 1, 2], [3, 4, 5]]
     with pytest.raises(ValueError, match=r"methods \['b'\] are not in the results"):
-        stored.renamed(a, {"b": "c"})
+        results.renamed(a, {"b": "c"})
 
 
 def test_gate_summary_averages_the_read_back_over_seeds():
@@ -256,7 +247,7 @@ def test_gate_summary_averages_the_read_back_over_seeds():
     ]
     for rec, gate in zip(res["methods"]["g"]["seeds"].values(), gates):
         rec["learned_gate"] = gate
-    out = stored.gate_summary(res, "g")
+    out = stats.gate_summary(res, "g")
     assert out["seeds"] == 2 and out["distance"] == 20
     assert out["mean_log_forget"] == pytest.approx(-0.2)
     assert out["half_life"] == pytest.approx(math.log(2) / 0.2)
@@ -264,36 +255,36 @@ def test_gate_summary_averages_the_read_back_over_seeds():
     assert out["bias_at_distance"] == pytest.approx(-4.0)
     assert out["least_bias_per_run"] == pytest.approx([-2.0, -4.0])
     with pytest.raises(ValueError, match="no gate read-back"):
-        stored.gate_summary(_results({"h": [[1.0, 1.0, 1.0]] * 2}), "h")
+        stats.gate_summary(_results({"h": [[1.0, 1.0, 1.0]] * 2}), "h")
 
 
 def test_pool_seeds_recomputes_the_interval_over_every_seed():
     rows = [[1.0, 1.1, 1.2], [1.2, 1.3, 1.1], [1.1, 1.0, 1.3], [1.3, 1.2, 1.0]]
-    pooled = stored.pool_seeds(_results({"a": rows[:2]}), _results({"a": rows[2:]}, 2))
+    pooled = results.pool_seeds(_results({"a": rows[:2]}), _results({"a": rows[2:]}, 2))
     assert pooled["seeds"] == [0, 1, 2, 3] and len(pooled["parts"]) == 2
     whole = _results({"a": rows})
     for f in FACTORS:
-        assert stored.at_factor(pooled, "a", f) == pytest.approx(stored.at_factor(whole, "a", f))
+        assert stats.at_factor(pooled, "a", f) == pytest.approx(stats.at_factor(whole, "a", f))
     assert pooled["provenance"]["wall_s"] == 1200.0
     with pytest.raises(ValueError, match="share seeds"):
-        stored.pool_seeds(_results({"a": rows[:2]}), _results({"a": rows[2:]}))
+        results.pool_seeds(_results({"a": rows[:2]}), _results({"a": rows[2:]}))
     with pytest.raises(ValueError, match="differ in model_kwargs"):
-        stored.pool_seeds(
+        results.pool_seeds(
             _results({"a": rows[:2]}),
             {**_results({"a": rows[2:]}, 2), "model_kwargs": {"bias_kwargs": {}}},
         )
     with pytest.raises(ValueError, match="different methods"):
-        stored.pool_seeds(_results({"a": rows[:2]}), _results({"b": rows[2:]}, 2))
+        results.pool_seeds(_results({"a": rows[:2]}), _results({"b": rows[2:]}, 2))
 
 
 def test_combine_joins_a_variant_with_more_seeds_only_when_asked():
     three = _results({"a": [[1.0, 1.1, 1.2]] * 3})
     six = _results({"b": [[1.0, 1.1, 1.2], [1.1, 1.2, 1.3]] * 3})
     with pytest.raises(ValueError, match="differ in seeds"):
-        stored.combine(three, six)
-    both = stored.combine(three, six, same_seeds=False)
+        results.combine(three, six)
+    both = results.combine(three, six, same_seeds=False)
     assert both["seeds"] == list(range(6))
-    assert stored.seed_count(both, "a") == 3 and stored.seed_count(both, "b") == 6
+    assert results.seed_count(both, "a") == 3 and results.seed_count(both, "b") == 6
 
 
 def test_join_parts_combines_a_split_sitting_and_pools_later_seeds():
@@ -302,66 +293,66 @@ def test_join_parts_combines_a_split_sitting_and_pools_later_seeds():
     first_b = _results({"b": rows[:2]})
     later_a = _results({"a": rows[2:]}, 2)
     later_b = _results({"b": rows[2:]}, 2)
-    joined = stored.join_parts([first_a, first_b, later_a, later_b])
+    joined = results.join_parts([first_a, first_b, later_a, later_b])
     assert list(joined["methods"]) == ["a", "b"] and joined["seeds"] == [0, 1, 2]
     whole = _results({"a": rows, "b": rows})
     for m in ("a", "b"):
         for f in FACTORS:
-            assert stored.at_factor(joined, m, f) == pytest.approx(stored.at_factor(whole, m, f))
+            assert stats.at_factor(joined, m, f) == pytest.approx(stats.at_factor(whole, m, f))
     assert [p["seeds"] for p in joined["parts"]] == [[0, 1], [0, 1], [2], [2]]
     assert joined["provenance"]["wall_s"] == 4 * 600.0
-    assert stored.join_parts([first_a]) is first_a
+    assert results.join_parts([first_a]) is first_a
     with pytest.raises(ValueError, match="at least one"):
-        stored.join_parts([])
+        results.join_parts([])
 
 
 def test_join_parts_lets_methods_stand_on_different_seeds():
     rows = [[1.0, 1.1, 1.2], [1.2, 1.3, 1.1], [1.1, 1.0, 1.3]]
     # seed 0 of both methods, then seeds 1 and 2 of "a" only, in the order the files come
-    joined = stored.join_parts(
+    joined = results.join_parts(
         [_results({"a": rows[:1], "b": rows[:1]}), _results({"a": rows[1:]}, 1)]
     )
     assert joined["seeds"] == [0, 1, 2]
-    assert stored.seed_count(joined, "a") == 3 and stored.seed_count(joined, "b") == 1
+    assert results.seed_count(joined, "a") == 3 and results.seed_count(joined, "b") == 1
     for f in FACTORS:
-        assert stored.at_factor(joined, "a", f) == pytest.approx(
-            stored.at_factor(_results({"a": rows}), "a", f)
+        assert stats.at_factor(joined, "a", f) == pytest.approx(
+            stats.at_factor(_results({"a": rows}), "a", f)
         )
-    one = stored.at_factor(joined, "b", 1)
+    one = stats.at_factor(joined, "b", 1)
     assert one["n"] == 1 and math.isnan(one["low"])
-    assert stored.show_interval(one) == "1.00 (one seed)"
-    assert stored.trend(joined, "b")["verdict"] == "one seed, no verdict"
-    assert stored.only(joined, ["b"])["seeds"] == [0]
+    assert sweeps.show_interval(one) == "1.00 (one seed)"
+    assert stats.trend(joined, "b")["verdict"] == "one seed, no verdict"
+    assert results.only(joined, ["b"])["seeds"] == [0]
     with pytest.raises(ValueError, match=r"method 'a' holds seeds \[1\] in more than one file"):
-        stored.join_parts([_results({"a": rows[1:2]}, 1), _results({"a": rows[1:]}, 1)])
+        results.join_parts([_results({"a": rows[1:2]}, 1), _results({"a": rows[1:]}, 1)])
     other = _results({"c": rows[:1]})
     other["provenance"] = {**other["provenance"], "config": {"train_len": 32, "steps": 1000}}
     with pytest.raises(ValueError, match="different configurations"):
-        stored.join_parts([_results({"a": rows[:1]}), other])
+        results.join_parts([_results({"a": rows[:1]}), other])
     with pytest.raises(ValueError, match="can join extrapolation or retrieval"):
-        stored.join_parts([{**other, "kind": "ablation"}, other])
+        results.join_parts([{**other, "kind": "ablation"}, other])
 
 
 def test_describe_names_every_commit_of_a_joined_sweep():
     first = _results({"a": [[1.0, 1.1, 1.2]]})
     later = _results({"a": [[1.2, 1.3, 1.1]]}, 1)
     later["provenance"] = {**later["provenance"], "commit": "1234567890"}
-    assert stored.describe(stored.join_parts([first, later]))["commit"] == "abcdef0, 1234567"
-    assert stored.describe(first)["commit"] == "abcdef0"
-    both = stored.join_parts([first, stored.renamed(later, {"a": "b"})])
-    assert stored.describe(stored.only(both, ["b"]))["commit"] == "1234567"
-    assert stored.only(both, ["b"])["provenance"]["wall_s"] == 600.0
+    assert results.describe(results.join_parts([first, later]))["commit"] == "abcdef0, 1234567"
+    assert results.describe(first)["commit"] == "abcdef0"
+    both = results.join_parts([first, results.renamed(later, {"a": "b"})])
+    assert results.describe(results.only(both, ["b"]))["commit"] == "1234567"
+    assert results.only(both, ["b"])["provenance"]["wall_s"] == 600.0
 
 
-def _longer(results, steps):
-    config = {**results["provenance"]["config"], "steps": steps}
-    return {**results, "provenance": {**results["provenance"], "config": config}}
+def _longer(sweep, steps):
+    config = {**sweep["provenance"]["config"], "steps": steps}
+    return {**sweep, "provenance": {**sweep["provenance"], "config": config}}
 
 
 def test_longer_training_compares_the_shared_seeds_of_each_method():
     short = _results({"a": [[2.0, 2.2, 2.4], [2.2, 2.4, 2.6]], "b": [[3.0, 3.0, 3.0]] * 2})
     longer = _longer(
-        stored.join_parts(
+        results.join_parts(
             [
                 _results({"a": [[1.5, 1.6, 1.7]], "b": [[2.5, 2.5, 2.5]]}),
                 _results({"a": [[1.7, 1.8, 1.9]]}, 1),
@@ -369,7 +360,7 @@ def test_longer_training_compares_the_shared_seeds_of_each_method():
         ),
         5000,
     )
-    out = stored.longer_training(short, longer, ["a", "b"])
+    out = stats.longer_training(short, longer, ["a", "b"])
     assert out["steps"] == [1000, 5000] and out["end"] == 4
     a, b = out["methods"]["a"], out["methods"]["b"]
     assert a["seeds"] == [0, 1] and b["seeds"] == [0]
@@ -378,7 +369,7 @@ def test_longer_training_compares_the_shared_seeds_of_each_method():
     assert b["longer_1x"]["mean"] == 2.5 and b["longer_1x"]["n"] == 1
     # the test curves fall 0.2 bits over their last fifth: not levelled
     assert a["levelled"] == 0 and a["runs"] == 2 and a["drop"] == pytest.approx(0.25)
-    fig = stored.plot_longer_training(short, longer, [["a"], ["b"]])
+    fig = plots.plot_longer_training(short, longer, [["a"], ["b"]])
     assert len(fig.axes) == 2 and len(fig.axes[0].get_lines()) == 2
     # the solid line is the mean of the two seeds' curves
     xs, ys = fig.axes[0].get_lines()[0].get_data()
@@ -386,21 +377,21 @@ def test_longer_training_compares_the_shared_seeds_of_each_method():
     assert list(ys) == pytest.approx([(p["bpb"] + q["bpb"]) / 2 for p, q in zip(*curves)])
     assert fig.axes[0].get_legend().get_texts()[0].get_text() == "a (2 seeds)"
     with pytest.raises(ValueError, match="more steps"):
-        stored.longer_training(longer, short, ["a"])
+        stats.longer_training(longer, short, ["a"])
     wider = {**longer, "provenance": {"config": {"train_len": 32, "steps": 5000}}}
     with pytest.raises(ValueError, match=r"differ in \['steps', 'train_len'\]"):
-        stored.longer_training(short, wider, ["a"])
+        stats.longer_training(short, wider, ["a"])
     with pytest.raises(ValueError, match="share no seed of a"):
-        stored.longer_training(short, _longer(_results({"a": [[1.0] * 3]}, 7), 5000), ["a"])
+        stats.longer_training(short, _longer(_results({"a": [[1.0] * 3]}, 7), 5000), ["a"])
 
 
-@pytest.mark.parametrize("kind", list(stored.STORED))
+@pytest.mark.parametrize("kind", list(results.STORED))
 def test_every_stored_kind_loads_as_one_multi_seed_sweep(kind):
-    results = stored.load(kind)
-    assert results["kind"] in ("extrapolation", "retrieval", "ablation")
-    assert results["seeds"] and results["methods"]
-    held = [set(map(int, record["seeds"])) for record in results["methods"].values()]
-    assert set().union(*held) == set(results["seeds"])
+    sweep = results.load_stored(kind)
+    assert sweep["kind"] in ("extrapolation", "retrieval", "ablation")
+    assert sweep["seeds"] and sweep["methods"]
+    held = [set(map(int, record["seeds"])) for record in sweep["methods"].values()]
+    assert set().union(*held) == set(sweep["seeds"])
 
 
 def test_far_penalty_reads_the_learned_tables_of_every_seed():
@@ -408,12 +399,12 @@ def test_far_penalty_reads_the_learned_tables_of_every_seed():
     tables = [[[0.0, 1.0, -2.0], [0.0, -1.0, -0.5]], [[2.0, 0.0, -3.0], [0.0, 0.0, 0.0]]]
     for rec, values in zip(res["methods"]["t"]["seeds"].values(), tables):
         rec["learned_bias"] = {"values": values}
-    out = stored.far_penalty(res, "t")
+    out = stats.far_penalty(res, "t")
     # seed 0: (-2 - 1 + -0.5 - 0) / 2 = -1.75; seed 1: (-3 - 2 + 0 - 0) / 2 = -2.5
     assert out["mean"] == pytest.approx(-2.125) and out["n"] == 2
     assert out["lowest_far"] == 3 and out["heads"] == 4 and out["offset"] == 2
     with pytest.raises(ValueError, match="no learned-bias read-back"):
-        stored.far_penalty(_results({"h": [[1.0, 1.0, 1.0]] * 2}), "h")
+        stats.far_penalty(_results({"h": [[1.0, 1.0, 1.0]] * 2}), "h")
 
 
 def test_spread_of_gives_the_extremes_and_the_pairs_that_separate():
@@ -422,11 +413,11 @@ def test_spread_of_gives_the_extremes_and_the_pairs_that_separate():
         "b": {"mean": 1.5, "low": 1.4, "high": 1.6},
         "c": {"mean": 1.55, "low": 1.45, "high": 1.65},
     }
-    out = stored.spread_of(ivs)
+    out = stats.spread_of(ivs)
     assert (out["highest"], out["lowest"]) == ("a", "b")
     assert out["spread"] == pytest.approx(0.5) and out["rest_spread"] == pytest.approx(0.05)
     assert out["apart"] == [("a", "b"), ("a", "c")] and out["pairs"] == 3
     one_seed = {"mean": 1.0, "low": math.nan, "high": math.nan}
-    assert stored.spread_of({"a": ivs["a"], "d": one_seed})["apart"] == []
+    assert stats.spread_of({"a": ivs["a"], "d": one_seed})["apart"] == []
     with pytest.raises(ValueError, match="at least two methods"):
-        stored.spread_of({"a": ivs["a"]})
+        stats.spread_of({"a": ivs["a"]})

@@ -26,14 +26,14 @@ from __future__ import annotations
 import torch
 from torch.nn import functional as F
 
+from relbias._cache import LRUCache
 from relbias._checks import check_bool, check_lengths, needs_grad, no_autocast
-from relbias.attention._compile import timed
+from relbias._compile import timed
 from relbias.biases.positions import relative_positions, take_columns
 
 __all__ = [
     "FIREBias",
     "ForgettingBias",
-    "FUSE_FIRE",
     "OffsetTableBias",
     "PreparedBias",
     "prepare_bias",
@@ -65,13 +65,16 @@ class PreparedBias:
     #: The batch size the bias was computed for (a data-dependent bias: one per sequence),
     #: or None for a bias shared by every sequence of a batch.
     batch = None
+    #: The pieces a prepared bias keeps for the backends (its tables in a dtype, the kernel's
+    #: inputs, per grad mode): at most this many, the latest.
+    KEPT_PIECES = 8
 
     def __init__(self, num_heads, q_len, k_len, q_start, bidirectional):
         self.num_heads = num_heads
         self.q_len, self.k_len, self.q_start = q_len, k_len, q_start
         self.bidirectional = bidirectional
         self._dense = None
-        self._kernel_inputs = {}
+        self._pieces = LRUCache(self.KEPT_PIECES)
 
     # -- interface of the subclasses --------------------------------------------------
     def _tensors(self) -> tuple[torch.Tensor, ...]:
@@ -92,13 +95,17 @@ class PreparedBias:
     #: Whether FlexAttention's backward compiles this ``score_mod`` (measured on a GPU).
     score_mod_trainable = True
 
-    def flipped_rows(self, start: int, stop: int, k_stop: int, causal: bool, dtype):
+    def flipped_rows(
+        self, start: int, stop: int, k_stop: int, causal: bool, dtype, *, compiled: bool = True
+    ):
         """The bias of query rows ``stop-1, ..., start`` (reversed) and keys ``0 .. k_stop-1``.
 
         Returned as ``[1, heads, stop - start, k_stop]`` (``[batch, ...]`` for a
         data-dependent bias) in ``dtype``, with ``-inf``
         for future keys when ``causal``: the mask of one block of
-        :func:`relbias.attention.table.table_attention`.
+        :func:`relbias.attention.table.table_attention`. ``compiled``: a bias whose block
+        is computed (FIRE) may use its compiled block kernel (on the CPU, without gradients);
+        False keeps to eager PyTorch.
         """
         raise NotImplementedError
 
@@ -115,7 +122,7 @@ class PreparedBias:
         first few: the others carry none, as the forget gate's ``hi``). The
         tensors keep their autograd history (when grad mode is on), so those gradients
         reach the module's parameters. Computed once per ``causal`` and grad mode, and
-        kept. None: no fused kernel for this bias.
+        kept (among :data:`KEPT_PIECES`). None: no fused kernel for this bias.
         """
         return None
 
@@ -230,7 +237,6 @@ class OffsetTableBias(PreparedBias):
     def _init(self, table, q_len, k_len, q_start, bidirectional):
         super().__init__(table.shape[0], q_len, k_len, q_start, bidirectional)
         self.table = table
-        self._flipped = {}
 
     @property
     def lowest(self) -> int:
@@ -265,27 +271,27 @@ class OffsetTableBias(PreparedBias):
     def reversed_table(self, causal: bool, dtype) -> torch.Tensor:
         """The table in reversed offset order (entry 0: the highest offset), in ``dtype``,
         with ``-inf`` for the future (negative) offsets when ``causal``; kept."""
-        key = (causal, dtype, torch.is_grad_enabled())
-        if key not in self._flipped:
+
+        def make():
             table = self.table.to(dtype)
             if causal and self.lowest < 0:
                 offsets = torch.arange(table.shape[1], device=table.device) + self.lowest
                 table = table.masked_fill(~visible(offsets, 0), float("-inf"))
-            self._flipped[key] = table.flip(1).contiguous()
-        return self._flipped[key]
+            return table.flip(1).contiguous()
 
-    def flipped_rows(self, start, stop, k_stop, causal, dtype):
+        return self._pieces.memo(("reversed", causal, dtype, torch.is_grad_enabled()), make)
+
+    def flipped_rows(self, start, stop, k_stop, causal, dtype, *, compiled=True):
         table = self.reversed_table(causal, dtype)
         return reversed_hankel(table, self.q_len, start, stop, k_stop)
 
     def kernel_inputs(self, causal):
         # the kernel masks the future itself: the table without -inf, offsets from `highest`
-        key = ("offset", torch.is_grad_enabled())
-        if key not in self._kernel_inputs:
+        def make():
             highest = self.q_start + self.q_len - 1
-            table = self.reversed_table(False, torch.float32)
-            self._kernel_inputs[key] = ("offset", (table,), highest)
-        return self._kernel_inputs[key]
+            return ("offset", (self.reversed_table(False, torch.float32),), highest)
+
+        return self._pieces.memo(("kernel", torch.is_grad_enabled()), make)
 
 
 class FIREBias(PreparedBias):
@@ -300,7 +306,7 @@ class FIREBias(PreparedBias):
 
     #: FlexAttention's backward failed to compile FIRE's ``score_mod`` (an AssertionError
     #: lowering ``flex_attention_backward``, torch 2.11 on an H200,
-    #: benchmarks/results/gpu_check_h200.json); its forward agrees with the dense path.
+    #: relbias/bench/results/gpu_check_h200.json); its forward agrees with the dense path.
     score_mod_trainable = False
 
     def __init__(self, psi_table, denominator, w1, b1, w2, b2, q_len, k_len=None, *, q_start=None):
@@ -319,7 +325,6 @@ class FIREBias(PreparedBias):
         self.psi_table, self.denominator = psi_table, denominator
         self.w1, self.b1, self.w2, self.b2 = w1, b1, w2, b2
         self.hidden = w1.shape[0]
-        self._aux = {}
 
     def _tensors(self):
         return (self.psi_table, self.denominator, self.w1, self.b1, self.w2, self.b2)
@@ -363,23 +368,23 @@ class FIREBias(PreparedBias):
         return fire_score_mod
 
     def _reversed(self, causal: bool, dtype):
-        key = (causal, dtype, torch.is_grad_enabled())
-        if key not in self._aux:
+        def make():
             psi = self.psi_table.flip(0).contiguous()
             lowest = self.q_start - (self.k_len - 1)
             offsets = torch.arange(lowest + psi.shape[0] - 1, lowest - 1, -1, device=psi.device)
             future = torch.zeros(offsets.shape, dtype=dtype, device=psi.device)
             if causal:
                 future = future.masked_fill(~visible(offsets, 0), float("-inf"))
-            self._aux[key] = (psi, future)
-        return self._aux[key]
+            return psi, future
 
-    def flipped_rows(self, start, stop, k_stop, causal, dtype):
+        return self._pieces.memo(("reversed", causal, dtype, torch.is_grad_enabled()), make)
+
+    def flipped_rows(self, start, stop, k_stop, causal, dtype, *, compiled=True):
         psi, future = self._reversed(causal, dtype)
         x_num = reversed_hankel(psi[None], self.q_len, start, stop, k_stop)[0, 0]
         fut = reversed_hankel(future[None], self.q_len, start, stop, k_stop)[0, 0]
         den = self.denominator[start:stop].flip(0)
-        if _use_fused_fire(self):
+        if compiled and _fused_fire_applies(self):
             w1, b1, w2, slope, intercept = self.folded_mlp(causal)
             fused = timed(_fused_fire_block(), ("fire_block", self.num_heads, w1.shape[0]))
             with no_autocast(psi.device):
@@ -398,8 +403,8 @@ class FIREBias(PreparedBias):
         attention the largest value of its tables. Returns ``(w1, b1, w2, slope,
         intercept)`` for the switching units: the same function, fewer units.
         """
-        key = ("folded", causal, torch.is_grad_enabled())
-        if key not in self._aux:
+
+        def fold():
             psi_max, den_min = self.psi_table.detach().max(), self.denominator.detach().min()
             x_max = 1.0 if causal else float(psi_max / den_min)
             at_zero, at_max = self.b1, self.w1 * x_max + self.b1
@@ -407,18 +412,12 @@ class FIREBias(PreparedBias):
             switching = ~linear & ~((at_zero <= 0) & (at_max <= 0))
             slope = self.w2[:, linear] @ self.w1[linear]
             intercept = self.b2 + self.w2[:, linear] @ self.b1[linear]
-            self._aux[key] = (
-                self.w1[switching],
-                self.b1[switching],
-                self.w2[:, switching],
-                slope,
-                intercept,
-            )
-        return self._aux[key]
+            return self.w1[switching], self.b1[switching], self.w2[:, switching], slope, intercept
+
+        return self._pieces.memo(("folded", causal, torch.is_grad_enabled()), fold)
 
     def kernel_inputs(self, causal):
-        key = ("fire", causal, torch.is_grad_enabled())
-        if key not in self._kernel_inputs:
+        def make():
             highest = self.q_start + self.q_len - 1  # the offset of the reversed psi's entry 0
             psi, _ = self._reversed(False, torch.float32)
             with no_autocast(psi.device):
@@ -427,8 +426,9 @@ class FIREBias(PreparedBias):
                     t.float().contiguous()
                     for t in (psi, 1.0 / self.denominator, w1, b1, w2, slope, intercept)
                 )
-            self._kernel_inputs[key] = ("fire", tensors, highest)
-        return self._kernel_inputs[key]
+            return ("fire", tensors, highest)
+
+        return self._pieces.memo(("kernel", causal, torch.is_grad_enabled()), make)
 
 
 def _fire_block(x_num, future, den, w1, b1, w2, slope, intercept):
@@ -447,12 +447,12 @@ def _fire_block(x_num, future, den, w1, b1, w2, slope, intercept):
 
 
 _FUSED_FIRE = []
-#: Evaluate FIRE's block bias with a compiled, fused kernel on the CPU (no gradients).
-FUSE_FIRE = True
 
 
-def _use_fused_fire(bias: FIREBias) -> bool:
-    if not FUSE_FIRE or bias.psi_table.dtype != torch.float32 or bias.device.type != "cpu":
+def _fused_fire_applies(bias: FIREBias) -> bool:
+    """Whether FIRE's compiled block kernel can compute this bias's blocks (float32 on the
+    CPU, no gradients)."""
+    if bias.psi_table.dtype != torch.float32 or bias.device.type != "cpu":
         return False
     return not needs_grad(bias)
 
@@ -518,7 +518,6 @@ class ForgettingBias(PreparedBias):
         self.cumulative = cumulative
         self.batch = cumulative.shape[0]
         self.dtype = dtype
-        self._parts = {}
 
     def _tensors(self):
         return (self.cumulative,)
@@ -536,13 +535,14 @@ class ForgettingBias(PreparedBias):
         dtype): ``hi`` is :math:`F` rounded to float32 (no gradient), ``lo = F - hi`` carries
         the gradient. Contiguous; computed once per dtype and grad mode, and kept."""
         dtype = self.dtype if dtype is None else dtype
-        key = (dtype, torch.is_grad_enabled())
-        if key not in self._parts:
+
+        def make():
             F_all = self.cumulative
             hi = F_all.detach().to(torch.float32).to(dtype)
             lo = (F_all - hi.to(F_all.dtype)).to(dtype)
-            self._parts[key] = (hi.contiguous(), lo.contiguous())
-        return self._parts[key]
+            return hi.contiguous(), lo.contiguous()
+
+        return self._pieces.memo(("parts", dtype, torch.is_grad_enabled()), make)
 
     def _block(self, rows: torch.Tensor, k_stop: int, dtype) -> torch.Tensor:
         """PE for query rows ``rows`` (indices into the queries) and keys ``0 .. k_stop - 1``:
@@ -572,7 +572,7 @@ class ForgettingBias(PreparedBias):
 
         return forgetting_score_mod
 
-    def flipped_rows(self, start, stop, k_stop, causal, dtype):
+    def flipped_rows(self, start, stop, k_stop, causal, dtype, *, compiled=True):
         device = self.cumulative.device
         rows = torch.arange(stop - 1, start - 1, -1, device=device)
         bias = self._block(rows, k_stop, self.dtype)
@@ -583,12 +583,12 @@ class ForgettingBias(PreparedBias):
 
     def kernel_inputs(self, causal):
         # the kernel reads hi and lo per (batch, head) and returns the gradient of lo only
-        key = ("forgetting", torch.is_grad_enabled())
-        if key not in self._kernel_inputs:
+        def make():
             hi, lo = self.parts(torch.float32)
             highest = self.q_start + self.q_len - 1  # the last query's position
-            self._kernel_inputs[key] = ("forgetting", (lo, hi), highest)
-        return self._kernel_inputs[key]
+            return ("forgetting", (lo, hi), highest)
+
+        return self._pieces.memo(("kernel", torch.is_grad_enabled()), make)
 
     def __repr__(self) -> str:
         return (

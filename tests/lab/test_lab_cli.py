@@ -7,7 +7,8 @@ import sys
 import matplotlib
 import pytest
 
-from relbias.lab.experiments import main, resolve_methods
+from relbias.lab.cli import main
+from relbias.lab.experiments import resolve_methods
 from relbias.lab.model import BASELINE_POSITIONS, POSITION_NAMES
 
 matplotlib.use("Agg")
@@ -94,7 +95,7 @@ def test_module_entry_point_errors_without_traceback(tmp_path):
         [
             sys.executable,
             "-m",
-            "relbias.lab.experiments",
+            "relbias.lab",
             "extrapolation",
             "--methods",
             "nope_x",

@@ -4,12 +4,18 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections import OrderedDict
 
 import torch
 
+from relbias._cache import LRUCache
+
+#: At most this many kernels' compile times are kept (the latest): as many as dynamo
+#: compiles of one function (:data:`_RECOMPILE_LIMITS`), so that a process meeting ever new
+#: shapes keeps a bounded record. A kernel dropped from it is timed again on its next call.
+TIMED_KERNELS = 1024
+
 _STATS = {"compiles": 0, "compile_seconds": 0.0, "calls": 0}
-_COMPILE_TIMES: OrderedDict = OrderedDict()
+_COMPILE_TIMES = LRUCache(TIMED_KERNELS)
 
 #: dynamo's limits on recompilations, raised while a kernel compiles once per shape (the
 #: names of recent torch first, then those of older releases; any a torch lacks is skipped).
@@ -26,7 +32,8 @@ def compile_stats() -> dict:
 
     ``compiles``: distinct kernels compiled (FlexAttention: one per shape, dtype, family
     kind and mask); ``compile_seconds``: the wall time of their first calls (compilation
-    plus one run); ``calls``: FlexAttention calls in all; ``per_key``: seconds per kernel.
+    plus one run); ``calls``: FlexAttention calls in all; ``per_key``: seconds per kernel
+    (the latest :data:`TIMED_KERNELS`).
     """
     return {**_STATS, "per_key": dict(_COMPILE_TIMES)}
 
@@ -52,6 +59,7 @@ def timed(fn, key):
     def call(*args, **kwargs):
         with _recompile_limits():
             if key in _COMPILE_TIMES:
+                _COMPILE_TIMES.move_to_end(key)
                 return fn(*args, **kwargs)
             start = time.perf_counter()
             out = fn(*args, **kwargs)
