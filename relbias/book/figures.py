@@ -455,7 +455,7 @@ def difference_errors(cumulative: torch.Tensor, i: torch.Tensor, j: torch.Tensor
     ``cumulative`` is one sequence's float64 :math:`F` (1-D), ``i`` and ``j`` index tensors
     of query and key positions. Returns float64 absolute errors against the float64
     difference: ``"naive"`` (float32 :math:`F_i - F_j`), ``"split"`` (the library's
-    :meth:`~relbias.attention.prepared.ForgettingBias.parts`, as every backend adds them:
+    :meth:`~relbias.biases.prepared.ForgettingBias.parts`, as every backend adds them:
     :math:`(hi_i - hi_j) + (lo_i - lo_j)` in float32) and ``"rounding"`` (float32's own
     rounding of the true difference, the least any float32 result can be off).
     """
