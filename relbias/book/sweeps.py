@@ -1,7 +1,8 @@
 """The stored sweeps as the chapters show them: tables of mean and 95 % interval over seeds.
 
-The numbers come from :mod:`relbias.lab.results` (the stored sweeps, :func:`~relbias.lab.results.load_stored`)
-and :mod:`relbias.lab.stats` (intervals and verdicts); the figures from
+The numbers come from :mod:`relbias.lab.results` (the stored sweeps:
+:func:`~relbias.lab.results.load_stored`) and :mod:`relbias.lab.stats` (intervals and
+verdicts); the figures from
 :mod:`relbias.lab.plots`. This module only lays the intervals out for
 :func:`relbias.book.show_table`.
 """
@@ -52,9 +53,9 @@ def accuracy_table(results: dict, methods, length: int, *, digits: int = 2):
 
 
 def far_accuracy_table(far: dict, *, digits: int = 2):
-    """Rows and headers of a table of :func:`~relbias.lab.stats.far_accuracy`'s ``far``: each method's recall
-    accuracy at the farthest distance of every tested length, mean [95 % interval,
-    clipped to [0, 1]] over seeds."""
+    """Rows and headers of a table of :func:`~relbias.lab.stats.far_accuracy`'s ``far``: each
+    method's recall accuracy at the farthest distance of every tested length, mean [95 %
+    interval, clipped to [0, 1]] over seeds."""
     if not far:
         raise ValueError("far must hold at least one method (relbias.lab.stats.far_accuracy)")
     methods = list(far)
