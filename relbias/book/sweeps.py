@@ -11,9 +11,20 @@ from __future__ import annotations
 
 import math
 
-from relbias.lab.stats import accuracy_at, at_factor
+from relbias.book.display import glue
+from relbias.lab.results import describe
+from relbias.lab.stats import accuracy_at, at_factor, trend
 
-__all__ = ["accuracy_table", "bpb_table", "far_accuracy_table", "show_interval"]
+__all__ = [
+    "accuracy_table",
+    "bpb_table",
+    "bpb_table_by_length",
+    "change_table",
+    "far_accuracy_table",
+    "glue_sweep",
+    "short_verdict",
+    "show_interval",
+]
 
 
 def show_interval(iv: dict, digits: int = 2) -> str:
@@ -63,3 +74,82 @@ def far_accuracy_table(far: dict, *, digits: int = 2):
     headers = ["method", *(f"{n} tokens, d = {far[methods[0]][n]['distance']}" for n in lengths)]
     rows = [[m, *(show_interval(far[m][n], digits) for n in lengths)] for m in methods]
     return rows, headers
+
+
+#: The verdicts of :func:`~relbias.lab.stats.trend` in a word, for a table column.
+SHORT_VERDICT = {
+    "improves": "improves",
+    "degrades": "degrades",
+    "neither degrades nor improves beyond the interval": "neither",
+    "one seed, no verdict": "one seed",
+}
+
+
+def short_verdict(change: dict) -> str:
+    """:func:`~relbias.lab.stats.trend`'s verdict in one word: ``"improves"``,
+    ``"degrades"``, ``"neither"`` (the interval of the change holds 0) or ``"one seed"``
+    (no interval)."""
+    return SHORT_VERDICT[change["verdict"]]
+
+
+def change_table(results: dict, methods, *, start: int = 1, end: int | None = None):
+    """Rows and headers of a narrow table, one row per method of ``methods``: bits per byte
+    at ``start`` x and ``end`` x the training length (default: the longest), the per-seed
+    change between them and its verdict in one word (:func:`~relbias.lab.stats.trend`,
+    :func:`short_verdict`), each number as ``mean [low, high]`` over seeds."""
+    end = end or max(row["factor"] for row in results["methods"][methods[0]]["eval"])
+    rows = []
+    for m in methods:
+        change = trend(results, m, start=start, end=end)
+        rows.append(
+            [
+                m,
+                show_interval(at_factor(results, m, start)),
+                show_interval(at_factor(results, m, end)),
+                show_interval(change),
+                short_verdict(change),
+            ]
+        )
+    return rows, ["method", f"{start}x", f"{end}x", "change", "verdict"]
+
+
+def bpb_table_by_length(runs: dict, *, digits: int = 2):
+    """Rows and headers of a narrow table of bits per byte, one row per evaluation length
+    and one column per entry of ``runs`` (``{column title: (results, method)}``, e.g. one
+    method of two sweeps, or a model as trained and with an intervention): mean [95 %
+    interval] over seeds. Every entry must hold the same lengths."""
+    columns = list(runs.items())
+    first_results, first_method = columns[0][1]
+    evals = first_results["methods"][first_method]["eval"]
+    rows = []
+    for row in evals:
+        f = row["factor"]
+        rows.append(
+            [f"{row['length']} ({f}x)"]
+            + [show_interval(at_factor(r, m, f), digits) for _, (r, m) in columns]
+        )
+    return rows, ["window (bytes)", *(title for title, _ in columns)]
+
+
+def glue_sweep(prefix: str, results: dict, methods) -> dict:
+    """Glue what a chapter's prose says about ``methods`` in a stored sweep, and return it.
+
+    For the sweep: ``{prefix}_seeds``, ``_steps``, ``_train_len``, ``_commit`` (and
+    ``_eval_kb``, ``_files`` for text). For each method ``m`` and each evaluation factor
+    ``f``: ``{prefix}_{m}_bpb{f}`` (``mean [low, high]``); and from the training length to
+    the longest, ``{prefix}_{m}_trend`` (the verdict of :func:`~relbias.lab.stats.trend`) and
+    ``{prefix}_{m}_change`` (the per-seed change, ``mean [low, high]``). Returns
+    ``{"describe": ..., "trend": {m: ...}}`` for the chapter's checks.
+    """
+    info = describe(results)
+    for key, value in info.items():
+        glue(f"{prefix}_{key}", value)
+    trends = {}
+    for m in methods:
+        for row in results["methods"][m]["eval"]:
+            f = row["factor"]
+            glue(f"{prefix}_{m}_bpb{f}", show_interval(at_factor(results, m, f)))
+        trends[m] = trend(results, m)
+        glue(f"{prefix}_{m}_trend", trends[m]["verdict"])
+        glue(f"{prefix}_{m}_change", show_interval(trends[m]))
+    return {"describe": info, "trend": trends}

@@ -232,6 +232,16 @@ def within_and_past(row: dict, train_len: int) -> dict:
 
 
 @torch.no_grad()
+def far_buckets_to_min(table: torch.Tensor) -> torch.Tensor:
+    """A bucket table (heads x buckets) with every bucket past each head's minimum set to
+    that minimum (the first minimum where several tie); the near buckets are unchanged."""
+    table = torch.as_tensor(table)
+    out = table.clone()
+    for h, b in enumerate(table.argmin(dim=1).tolist()):
+        out[h, b + 1 :] = table[h, b]
+    return out
+
+
 def t5_details(model, config: Config, corpus, factors=None, device=None) -> dict:
     """Read back a trained T5 model's table and evaluate it with two changed tables.
 
@@ -248,9 +258,7 @@ def t5_details(model, config: Config, corpus, factors=None, device=None) -> dict
     far_above_min = (table[:, -1] - table[:, :-1].min(dim=1).values).tolist()
     saved = bias.weight.detach().clone()
     lowest = saved.argmin(dim=1)
-    far_to_min = saved.clone()
-    for h, b in enumerate(lowest.tolist()):
-        far_to_min[h, b + 1 :] = saved[h, b]
+    far_to_min = far_buckets_to_min(saved)
     try:
         bias.weight.copy_(torch.cummin(saved, dim=1).values)
         monotone = _eval_rows(model, config, corpus, factors, device)

@@ -8,8 +8,9 @@
   :func:`plot_loss_by_position`, :func:`plot_retrieval`, with the 95 % interval over
   seeds shaded where a sweep has one;
 - the stored sweeps as the chapters show them: :func:`plot_sweep`, :func:`plot_probe`,
-  :func:`plot_longer_training`, and the interpolation experiment's
-  :func:`plot_interpolation`.
+  :func:`plot_longer_training`, :func:`plot_bpb_by_length` (several sweeps side by side),
+  :func:`plot_position_loss`, an ablation's :func:`plot_interventions`, and the
+  interpolation experiment's :func:`plot_interpolation`.
 """
 
 from __future__ import annotations
@@ -20,9 +21,10 @@ import numpy as np
 from matplotlib.figure import Figure
 
 from relbias.lab.interpolation import FINETUNE_VARIANTS, SCALINGS
+from relbias.lab.interventions import intervention_at
 from relbias.lab.model import BASELINE_POSITIONS, POSITION_NAMES
 from relbias.lab.results import only
-from relbias.lab.stats import shared_seeds
+from relbias.lab.stats import at_factor, shared_seeds
 
 # The widest figure, in inches: a page shows figures about 780 px wide (100 dpi).
 PAGE_WIDTH = 8.0
@@ -31,10 +33,13 @@ __all__ = [
     "PAGE_WIDTH",
     "figure",
     "method_style",
+    "plot_bpb_by_length",
     "plot_extrapolation",
     "plot_interpolation",
+    "plot_interventions",
     "plot_longer_training",
     "plot_loss_by_position",
+    "plot_position_loss",
     "plot_probe",
     "plot_results",
     "plot_retrieval",
@@ -274,7 +279,28 @@ def plot_sweep(results: dict, methods, *, width: float = 11.0, height: float = 3
     plot_extrapolation(chosen, ax=left)
     plot_val_curves(chosen, ax=right)
     _zoom_on_late_steps(right)
+    # the book's units (bytes), short labels that fit beside each other, and one legend
+    # below both panels, so that no legend covers a line or a band
+    lengths = [row["length"] for row in next(iter(chosen["methods"].values()))["eval"]]
+    left.set_xticks(lengths, [str(n) for n in lengths])
+    left.set_xlabel("evaluation length (bytes); grey: training length")
+    left.set_ylabel("bits per byte")
+    right.set_xlabel("training step")
+    right.set_ylabel("bits per byte at the training length")
+    _legend_below(fig, left, [left, right])
     return fig
+
+
+def _legend_below(fig, source, axes) -> None:
+    """One legend for ``axes``, from ``source``'s lines, below the panels (none on them)."""
+    for ax in axes:
+        if ax.get_legend() is not None:
+            ax.get_legend().remove()
+    handles, labels = source.get_legend_handles_labels()
+    if handles:
+        fig.legend(
+            handles, labels, loc="outside lower center", ncol=min(len(labels), 6), fontsize=8
+        )
 
 
 def _zoom_on_late_steps(ax) -> None:
@@ -294,9 +320,11 @@ def plot_probe(results: dict, methods, *, width: float = 12.0, height: float = 3
     chosen = only(results, methods)
     lengths = sorted({r["length"] for m in methods for r in results["methods"][m]["eval"]})
     fig, axes = figure(width, height, ncols=len(lengths))
-    for ax, length in zip(getattr(axes, "flat", [axes]), lengths):
+    panels = list(getattr(axes, "flat", [axes]))
+    for ax, length in zip(panels, lengths):
         plot_retrieval(chosen, length=length, ax=ax)
         ax.set_xlabel("distance (grey: longest trained)", fontsize=8)
+    _legend_below(fig, panels[0], panels)  # a legend on a panel would cover the bands
     return fig
 
 
@@ -315,8 +343,85 @@ def plot_longer_training(short: dict, longer: dict, groups, *, width: float = 11
                 xs = [p["step"] for p in curves[0]]
                 ys = [sum(c[j]["bpb"] for c in curves) / len(curves) for j in range(len(xs))]
                 ax.plot(xs, ys, style, color=color, lw=1, label=label if style == "-" else None)
-        ax.set_xlabel("training step (dotted: the stored medium run)")
-        ax.set_ylabel("validation bits per byte at 1x,\nmean over seeds")
-        ax.legend(fontsize=7, ncol=3, loc="upper center", bbox_to_anchor=(0.5, -0.16))
+        ax.set_xlabel("training step (dotted: the shorter run)")
+        ax.legend(fontsize=7, ncol=2, loc="upper center", bbox_to_anchor=(0.5, -0.16))
         _zoom_on_late_steps(ax)
+    # one y label, on the left panel only: a second one would sit between the panels
+    first = next(iter(getattr(axes, "flat", [axes])))
+    first.set_ylabel("bits per byte at the training\nlength, mean over seeds")
+    return fig
+
+
+def plot_interventions(
+    results: dict, methods, interventions, factor: int, *, width: float = 8.0, height: float = 3.4
+):
+    """Bits per byte at ``factor`` x for each of ``methods`` as trained and with each of
+    ``interventions`` (mean over seeds, bar: 95 % interval), one group of points per
+    reading; a dotted line per method marks its bits per byte at the training length."""
+    fig, ax = figure(width, height)
+    readings = ["as trained", *interventions]
+    spread = 0.8 / max(len(methods), 1)
+    for k, m in enumerate(methods):
+        color = method_style(m, k)["color"]
+        ivs = [at_factor(results, m, factor)]
+        ivs += [intervention_at(results, m, name, factor) for name in interventions]
+        xs = [i - 0.4 + spread * (k + 0.5) for i in range(len(readings))]
+        means = [iv["mean"] for iv in ivs]
+        below = [iv["mean"] - iv["low"] for iv in ivs]
+        above = [iv["high"] - iv["mean"] for iv in ivs]
+        ax.errorbar(xs, means, yerr=[below, above], fmt="o", ms=4, capsize=3, color=color, label=m)
+        ax.axhline(at_factor(results, m, 1)["mean"], color=color, ls=":", lw=1)
+    ax.set_xticks(range(len(readings)), readings)
+    ax.set_ylabel(f"bits per byte at {factor}x")
+    fig.legend(
+        *ax.get_legend_handles_labels(), loc="outside lower center", ncol=len(methods), fontsize=8
+    )
+    return fig
+
+
+def plot_bpb_by_length(runs: dict, methods, *, width: float = 8.0, height: float = 3.0):
+    """Bits per byte against the window length in bytes (log scale), the 95 % interval over
+    seeds shaded, one panel per entry of ``runs`` (``{title: results}``, sharing the y
+    axis) with ``methods`` in each; a grey line marks the training length, and one legend
+    below the panels names every method (no legend covers a curve)."""
+    fig, axes = figure(width, height, ncols=len(runs), sharey=True)
+    axes = list(getattr(axes, "flat", [axes]))
+    for ax, (title, results) in zip(axes, runs.items()):
+        plot_extrapolation(only(results, methods), ax=ax)
+        ax.get_legend().remove()
+        ax.set_xlabel("window length (bytes); grey: training length")
+        ax.set_title(title, fontsize=10)
+    axes[0].set_ylabel("bits per byte")
+    for ax in axes[1:]:
+        ax.set_ylabel("")
+    handles, names = axes[0].get_legend_handles_labels()
+    fig.legend(handles, names, loc="outside lower center", ncol=min(len(names), 5), fontsize=8)
+    return fig
+
+
+def plot_position_loss(
+    results: dict, methods, *, window: int = 32, width: float = 8.0, height: float = 3.0
+):
+    """Loss (bits per byte) against the position in the window at the longest length, the
+    mean over seeds smoothed over ``window`` positions, one line per method of ``methods``
+    (log-scaled positions, in bytes); a grey line marks the training length, and the legend
+    sits below the axes."""
+    fig, ax = figure(width, height)
+    for i, m in enumerate(methods):
+        row = max(results["methods"][m]["eval"], key=lambda r: r["length"])
+        y = np.convolve(row["loss_by_position"], np.ones(window) / window, mode="valid")
+        style = method_style(m, i)
+        ax.plot(
+            np.arange(len(y)) + window,
+            y,
+            label=m,
+            lw=1.2,
+            color=style["color"],
+            linestyle=style["linestyle"],
+        )
+    ax.axvline(results["provenance"]["config"]["train_len"], color="grey", lw=0.8)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel(f"position in a {row['length']}-byte window (bytes; mean of {window})")
+    ax.set_ylabel("bits per byte")
+    fig.legend(loc="outside lower center", ncol=min(len(methods), 4), fontsize=8)
     return fig

@@ -238,7 +238,9 @@ def summarize_interventions(per_seed: dict, summarize) -> dict:
 # --- reading a summary -------------------------------------------------------------------------
 
 
-def _row(record: dict, factor: int) -> dict:
+def row_at(record: dict, factor: int) -> dict:
+    """The evaluation row of ``record`` (a method's summary or one seed's record) at
+    ``factor`` x the training length."""
     for row in record["eval"]:
         if row.get("factor") == factor:
             return row
@@ -247,7 +249,7 @@ def _row(record: dict, factor: int) -> dict:
 
 def at_factor(results: dict, method: str, factor: int) -> dict:
     """Mean and interval of ``method``'s bits per byte at ``factor`` x the training length."""
-    row = _row(results["methods"][method], factor)
+    row = row_at(results["methods"][method], factor)
     return {"mean": row["bpb"], "low": row["bpb_low"], "high": row["bpb_high"], "n": row["n"]}
 
 
@@ -302,7 +304,7 @@ def _per_seed_bpb(results: dict, method: str, factor: int, seeds=None) -> list[f
     """``method``'s bits per byte at ``factor`` x, one per seed (all, or ``seeds``)."""
     records = results["methods"][method]["seeds"]
     chosen = sorted(records, key=int) if seeds is None else [str(s) for s in seeds]
-    return [_row(records[s], factor)["bpb"] for s in chosen]
+    return [row_at(records[s], factor)["bpb"] for s in chosen]
 
 
 def trend(results: dict, method: str, *, start: int = 1, end: int | None = None) -> dict:
@@ -508,3 +510,53 @@ def compare_accuracy(results: dict, a: str, b: str, length: int, distance=None) 
     """``"lower"``, ``"higher"`` or ``"overlapping"``: ``a``'s recall accuracy against
     ``b``'s at one length and distance (default the farthest), by their intervals."""
     return order(*(accuracy_at(results, m, length, distance) for m in (a, b)))
+
+
+# --- the loss past the training length, and a learned table's far edge -----------------
+
+
+def loss_within_and_past(results: dict, method: str) -> dict:
+    """``method``'s mean loss at the longest length, split at the training length ``m_l``:
+    the first ``m_l`` positions of a window (``"within"``) and the rest (``"past"``), each
+    per seed from the loss by position, then mean and 95 % interval over seeds; with
+    ``"length"`` (the window) and ``"train_len"``."""
+    train_len = results["provenance"]["config"]["train_len"]
+    within, past, length = [], [], None
+    for rec in results["methods"][method]["seeds"].values():
+        row = max(rec["eval"], key=lambda r: r["length"])
+        pos, length = row["loss_by_position"], row["length"]
+        within.append(sum(pos[:train_len]) / train_len)
+        past.append(sum(pos[train_len:]) / (len(pos) - train_len))
+    return {
+        "within": interval(within),
+        "past": interval(past),
+        "length": length,
+        "train_len": train_len,
+    }
+
+
+def edge_above_min(results: dict, method: str = "offset", offset: int | None = None) -> dict:
+    """How far a learned table's value at ``offset`` sits above the table's minimum up to
+    that offset, per head and seed, from the records' read-back (``learned_bias``, offsets
+    0 onwards). The default offset is the clipped offset table's edge ``u_{m_l-1}``, the
+    value every farther offset reads; for T5 pass the farthest offset read back (``-1``).
+    Returns ``values`` (every head of every seed), ``low`` and ``high`` (their range),
+    ``above`` (heads whose value lies above the minimum: those keys favoured over the
+    middle ones) of ``heads``, and ``below_max``, the range of the value minus the table's
+    largest."""
+    if offset is None:
+        offset = results["provenance"]["config"]["train_len"] - 1
+    values, below = [], []
+    for rec in results["methods"][method]["seeds"].values():
+        for row in rec["learned_bias"]["values"]:
+            table = row[: offset + 1] if offset >= 0 else row[: len(row) + offset + 1]
+            values.append(table[-1] - min(table))
+            below.append(table[-1] - max(table))
+    return {
+        "values": values,
+        "low": min(values),
+        "high": max(values),
+        "above": sum(v > 0 for v in values),
+        "heads": len(values),
+        "below_max": (min(below), max(below)),
+    }

@@ -1,0 +1,114 @@
+"""Interventions: the same trained weights evaluated with one thing changed (the ablations
+of :mod:`relbias.lab.ablations`), read as intervals over seeds.
+
+An ablation's record holds, per method and per seed, ``interventions[name]["eval"]``: the
+evaluation rows of the trained model read again with ``name`` applied (a clamp, a mask, a
+table changed). :func:`intervention_at` reads one such reading at a length,
+:func:`intervention_effect` the per-seed change it makes (the same weights read twice, so
+the change is paired), and :func:`interventions_as_methods` turns each intervention into a
+method of its own, so that every reader of a sweep takes it like any method.
+"""
+
+from __future__ import annotations
+
+from relbias.lab.stats import interval, row_at
+
+__all__ = [
+    "intervention_at",
+    "intervention_effect",
+    "interventions_as_methods",
+    "paired_change",
+]
+
+
+def intervention_at(results: dict, method: str, intervention: str, factor: int) -> dict:
+    """Mean and 95 % interval of ``method``'s bits per byte at ``factor`` x the training
+    length, evaluated with the stored ``intervention`` (an ablation's
+    ``methods[method]["interventions"][intervention]``: the same trained weights with one
+    thing changed). Same keys as :func:`~relbias.lab.stats.at_factor`."""
+    held = results["methods"][method].get("interventions", {})
+    if intervention not in held:
+        raise ValueError(
+            f"intervention must be one of {list(held)} for {method!r}, got {intervention!r}"
+        )
+    row = row_at(held[intervention], factor)
+    return {"mean": row["bpb"], "low": row["bpb_low"], "high": row["bpb_high"], "n": row["n"]}
+
+
+def intervention_effect(
+    results: dict, method: str, intervention: str, factor: int, *, against: int | None = None
+) -> dict:
+    """What ``intervention`` does to ``method``'s bits per byte at ``factor`` x, seed by seed
+    (intervened minus as trained: both readings come from the same trained weights): the
+    interval of that change (``mean``, ``low``, ``high``, ``n``) and the ``verdict``:
+    ``"lowers"`` (the whole interval below 0), ``"raises"`` (above 0) or ``"no change
+    beyond the interval"``; ``"one seed, no verdict"`` with one seed.
+
+    ``against``: compare with the as-trained reading at that factor instead (e.g. 1: does
+    the intervened reading at 16x still lie above the model's reading at the training
+    length?)."""
+    against = factor if against is None else against
+    seeds = results["methods"][method]["seeds"]
+    changes = []
+    for s in sorted(seeds, key=int):
+        record = seeds[s]
+        if intervention not in record.get("interventions", {}):
+            raise ValueError(f"seed {s} of {method!r} holds no intervention {intervention!r}")
+        changed = row_at(record["interventions"][intervention], factor)["bpb"]
+        changes.append(changed - row_at(record, against)["bpb"])
+    change = interval(changes)
+    if change["n"] < 2:
+        verdict = "one seed, no verdict"
+    elif change["high"] < 0:
+        verdict = "lowers"
+    elif change["low"] > 0:
+        verdict = "raises"
+    else:
+        verdict = "no change beyond the interval"
+    return {**change, "verdict": verdict}
+
+
+def _intervention_rows(record: dict, name: str) -> list[dict]:
+    """The evaluation rows of ``record`` (one seed's or the summary over seeds) with
+    intervention ``name``: ``record["interventions"][name]["eval"]``, or ``record[name]``
+    where the rows sit at the top level (the T5 ablation's ``eval_monotone``)."""
+    if name in record.get("interventions", {}):
+        return record["interventions"][name]["eval"]
+    if isinstance(record.get(name), list):
+        return record[name]
+    known = [*record.get("interventions", {}), *(k for k in record if k.startswith("eval_"))]
+    raise ValueError(f"no intervention {name!r} in this record; it has {known}")
+
+
+def interventions_as_methods(results: dict, variant: str, names, *, labels=None) -> dict:
+    """``results`` with ``variant`` as trained and once per intervention of ``names`` (the
+    same trained weights evaluated with one thing changed), each as a method of its own,
+    named by ``labels`` (``{name: label}``; ``variant`` may be renamed too; default
+    ``"<variant>, <name>"``): its summary rows and every seed's rows, so that
+    :func:`~relbias.lab.stats.at_factor`, :func:`~relbias.lab.stats.trend`,
+    :func:`~relbias.lab.stats.loss_within_and_past` and
+    :func:`~relbias.lab.plots.plot_bpb_by_length` read it like any method."""
+    labels = dict(labels or {})
+    record = results["methods"][variant]
+    methods = {labels.get(variant, variant): record}
+    for name in names:
+        seeds = {
+            s: {**rec, "eval": _intervention_rows(rec, name)} for s, rec in record["seeds"].items()
+        }
+        label = labels.get(name, f"{variant}, {name}")
+        methods[label] = {**record, "eval": _intervention_rows(record, name), "seeds": seeds}
+    return {**results, "methods": methods}
+
+
+def paired_change(results: dict, a: str, b: str, factor: int) -> dict:
+    """``a``'s bits per byte at ``factor`` x minus ``b``'s, seed by seed (two methods of
+    ``results`` that hold the same seeds, e.g. a model as trained and with an intervention,
+    from :func:`interventions_as_methods`): mean and 95 % interval of the per-seed change."""
+    seeds_a, seeds_b = results["methods"][a]["seeds"], results["methods"][b]["seeds"]
+    if set(seeds_a) != set(seeds_b):
+        raise ValueError(
+            f"{a!r} and {b!r} hold different seeds: {sorted(seeds_a)}, {sorted(seeds_b)}"
+        )
+    return interval(
+        [row_at(seeds_a[s], factor)["bpb"] - row_at(seeds_b[s], factor)["bpb"] for s in seeds_a]
+    )
