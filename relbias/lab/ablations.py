@@ -462,10 +462,16 @@ def run_ablation(
         cfg = config.replace(seed=seed)
         shift = v.get("max_shift", 0)
         if shift:
+            last = cfg.steps - 1
             train_kwargs = {
                 **train_kwargs,
                 "before_step": lambda step, model: setattr(
                     model, "bias_query_shift", shift_at(seed, step, shift)
+                ),
+                # after the last step the model is evaluated: from position 0, like every
+                # other model (no training shift left behind)
+                "after_step": lambda step, model: (
+                    setattr(model, "bias_query_shift", 0) if step == last else None
                 ),
             }
         common = {

@@ -254,3 +254,19 @@ def test_alibi_probe_restores_the_slopes(monkeypatch):
     assert torch.equal(used[0], saved * torch.tensor([1, 1, 1, 0.0]))
     assert torch.equal(used[3], saved * 0.5)
     assert torch.equal(model.bias.slopes, saved)
+
+
+def test_fire_shift_is_evaluated_from_position_zero(monkeypatch):
+    """The shifted run's evaluation reads queries from position 0, like the other models:
+    the last training step's shift is not left on the model."""
+    seen = []
+
+    def spy(model, data, config, **kwargs):
+        seen.append(model.bias_query_shift)
+        return real_evaluate(model, data, config, **kwargs)
+
+    from relbias.lab.training import evaluate_lengths as real_evaluate
+
+    monkeypatch.setattr("relbias.lab.experiments.evaluate_lengths", spy)
+    run_ablation("fire", TINY, seeds=[0], progress=False, verbose=False, variants=["fire_shift"])
+    assert seen and all(s == 0 for s in seen)
