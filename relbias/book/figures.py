@@ -16,7 +16,7 @@ import math
 import numpy as np
 import torch
 
-from relbias import FIRE, RelativeBias, alibi_slopes, make_bias
+from relbias import FIRE, KerpleLog, KerplePower, RelativeBias, alibi_slopes, make_bias
 from relbias.book.plots import figure
 from relbias.lab.model import BIAS_POSITIONS, default_bias_kwargs
 from relbias.lab.training import build_model, learned_bias, shade_interval
@@ -63,11 +63,13 @@ def alibi_slope_table(num_heads: int, *, head_dim: int | None = None):
 def plot_alibi_slopes(head_counts=(4, 6, 8, 12, 16), *, erratum_heads: int = 8):
     """Left: the book's printed slopes against the paper's for ``erratum_heads`` heads.
 
-    Right: the paper's slopes for several head counts (log scale). For a count that is
-    not a power of two the slopes of the lower power of two are followed by every other
-    slope of the next one, so the set interleaves instead of forming one geometric run.
+    Right: the paper's slopes for several head counts, one row per count (log scale):
+    filled dots are the geometric slopes of the largest power of two ``p <= n``, open
+    dots the every-other slopes of ``2p`` heads that a count which is not a power of two
+    adds between them. Each row is drawn on its own, so no count hides another, and the
+    legends sit below the panels.
     """
-    fig, axes = figure(8, 3.6, ncols=2)
+    fig, axes = figure(8, 3.8, ncols=2)
     ax0, ax1 = axes.flat
     k = np.arange(1, erratum_heads + 1)
     ax0.plot(
@@ -88,14 +90,42 @@ def plot_alibi_slopes(head_counts=(4, 6, 8, 12, 16), *, erratum_heads: int = 8):
     ax0.set_xlabel(f"head k ({erratum_heads} heads)")
     ax0.set_ylabel("slope (log scale)")
     ax0.set_title("the printed slopes grow with k; the paper's shrink", fontsize=9)
-    ax0.legend(fontsize=9)
-    for n in head_counts:
-        ax1.plot(np.arange(1, n + 1), alibi_slopes(n).numpy(), "o-", ms=4, label=f"n = {n}")
-    ax1.set_yscale("log", base=2)
-    ax1.set_xlabel("head k")
-    ax1.set_ylabel("slope $m_k$ (log scale)")
+    ax0.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=1)
+    for row, n in enumerate(head_counts):
+        slopes = alibi_slopes(n).numpy()
+        p = 2 ** int(math.floor(math.log2(n)))
+        ax1.plot(
+            slopes[:p],
+            [row] * p,
+            "o",
+            color="tab:blue",
+            ms=5,
+            label=r"the $p$ slopes of $2^{\lfloor \log_2 n \rfloor}$ heads" if row == 0 else None,
+        )
+        ax1.plot(
+            slopes[p:],
+            [row] * (n - p),
+            "o",
+            mfc="white",
+            color="tab:orange",
+            ms=6,
+            label=r"added: every other slope of $2p$ heads" if n > p else None,
+        )
+    ax1.set_xscale("log", base=2)
+    ax1.set_yticks(range(len(head_counts)), [f"n = {n}" for n in head_counts])
+    ax1.set_ylim(-0.6, len(head_counts) - 0.4)
+    ax1.set_xlabel("slope $m_k$ (log scale)")
     ax1.set_title("the paper's slopes for several head counts n", fontsize=9)
-    ax1.legend(fontsize=9)
+    handles, labels = ax1.get_legend_handles_labels()
+    unique = dict(zip(labels, handles))
+    ax1.legend(
+        unique.values(),
+        unique.keys(),
+        fontsize=8,
+        loc="upper center",
+        bbox_to_anchor=(0.5, -0.2),
+        ncol=1,
+    )
     return fig
 
 
@@ -119,8 +149,9 @@ def attention_span(slopes: torch.Tensor, length: int, mass: float = 0.9) -> list
 def plot_recency_weights(slopes_by_label: dict, length: int = 64, *, ax=None):
     """Content-free attention weights against the offset, one line per slope.
 
-    ``slopes_by_label`` maps a label to a 1-D tensor of slopes; each slope is drawn with
-    its value and the number of nearest keys that hold 90 % of the weight.
+    ``slopes_by_label`` maps a label to a 1-D tensor of slopes; each slope's legend entry,
+    below its panel, gives its head and the number of nearest keys that hold 90 % of the
+    weight.
     """
     if ax is None:
         fig, axes = figure(5.6 * len(slopes_by_label), 3.6, ncols=len(slopes_by_label))
@@ -137,14 +168,14 @@ def plot_recency_weights(slopes_by_label: dict, length: int = 64, *, ax=None):
                 offsets,
                 weights[k].numpy(),
                 lw=1.2,
-                label=f"k={k + 1}: slope {float(slopes[k]):.3g}, 90% within {spans[k]}",
+                label=f"k={k + 1}: 90 % in {spans[k]} keys",
             )
         ax_.set_yscale("log")
         ax_.set_ylim(1e-6, 1.5)
         ax_.set_xlabel("offset i - j")
         ax_.set_ylabel("attention weight (q = 0)")
         ax_.set_title(label, fontsize=9)
-        ax_.legend(fontsize=9)
+        ax_.legend(fontsize=8, ncol=2, loc="upper center", bbox_to_anchor=(0.5, -0.2))
     return fig
 
 
@@ -264,7 +295,7 @@ def plot_fire_inputs(fire: FIRE, short_len: int, long_len: int, *, rows=None):
     axes[2].axvline(L, color="grey", lw=0.6, ls=":")
     axes[2].set_xlabel("offset i - j")
     axes[2].set_ylabel("MLP input")
-    axes[2].set_title("input by offset, one line per query i", fontsize=9)
+    axes[2].set_title("by offset, per query", fontsize=9)
     axes[2].legend(fontsize=9)
     return fig
 
@@ -294,24 +325,27 @@ def extrapolation_rows(results: dict, *, methods=None):
 #: PE(i, j) of each method in the book's notation (Table 2.4 and Eqs. 2.78-2.84), and what
 #: the book calls its hyper-parameters; the baselines add no bias.
 TABLE_2_4 = {
-    "offset": (r"$u_{i-j}$, offsets clipped to $m_l - 1$", r"the clip $K$ (here $m_l - 1$)"),
+    "offset": (r"$u_{\min(i-j,\,K)}$", r"$K$ (here $m_l - 1$)"),
     "t5": (r"$u_{b(i-j)}$", r"$n_b$, $\mathrm{dist}_{\max}$"),
-    "alibi": (r"$-\beta\,(i-j)$", r"$\beta$ per head (fixed slopes)"),
+    "alibi": (r"$-\beta\,(i-j)$", r"$\beta$ per head (fixed)"),
     "sandwich": (r"$\sum_{k=1}^{d'/2}\cos\big((i-j)/10000^{2k/d'}\big)$", r"$d'$"),
     # \lvert, not |: a table cell escapes "|" to "\|", which TeX reads as a double bar
-    "kerple_power": (r"$-\beta_1 \lvert i-j\rvert^{\beta_2}$", r"none: $\beta_1, \beta_2$ learned"),
+    "kerple_power": (
+        r"$-\beta_1 \lvert i-j\rvert^{\beta_2}$",
+        r"none ($\beta_1, \beta_2$ learned)",
+    ),
     "kerple_log": (
         r"$-\beta_1 \log(1 + \beta_2\,\lvert i-j\rvert)$",
-        r"none: $\beta_1, \beta_2$ learned",
+        r"none ($\beta_1, \beta_2$ learned)",
     ),
     "fire": (
         r"$f_\theta\big(\psi(i-j)/\psi(\max(m_{len}, i))\big)$",
-        r"hidden size; $c$, $m_{len}$ learned",
+        r"MLP size ($c$, $m_{len}$ learned)",
     ),
-    "nope": ("no positional information", "none"),
-    "sinusoidal": ("sinusoidal absolute embedding (learned scale)", "none"),
-    "learned": ("learned absolute embedding", r"$m_l$"),
-    "rope": ("rotary embedding of $q$, $k$", "base"),
+    "nope": ("none", "none"),
+    "sinusoidal": ("absolute, sinusoidal (learned scale)", "none"),
+    "learned": ("absolute, learned", r"$m_l$"),
+    "rope": ("rotates $q$, $k$", "base"),
 }
 
 
@@ -335,20 +369,19 @@ def bias_values_computed(name: str, config, length: int) -> str:
 
     Offset-only families compute one value per head for each of the ``2 length - 1``
     offsets of the square (then gather); FIRE runs its MLP at all ``length^2`` (query, key)
-    pairs, each costing ``hidden + hidden * heads`` multiply-adds.
+    pairs. Short enough for a table column.
     """
     if name not in BIAS_POSITIONS:
         return {
-            "rope": "rotates q, k: O(n d)",
-            "learned": "table lookup: O(n d)",
-            "sinusoidal": "O(n d) once",
-            "nope": "nothing",
+            "rope": "rotation, O(nd)",
+            "learned": "lookup, O(nd)",
+            "sinusoidal": "O(nd) once",
+            "nope": "none",
         }[name]
     bias = make_bias(name, config.heads, **default_bias_kwargs(name, config.train_len))
     if bias.offset_only:
-        return f"{2 * length - 1:,} values per head (table + gather)"
-    macs = length * length * (bias.hidden + bias.hidden * bias.num_heads)
-    return f"{length * length:,} MLP inputs, {macs / 1e6:,.0f} M multiply-adds"
+        return f"{2 * length - 1:,} per head"
+    return f"MLP at {length * length:,} pairs"
 
 
 def table_2_4_rows(results: dict, config, *, cost_length: int = 1024):
@@ -357,16 +390,18 @@ def table_2_4_rows(results: dict, config, *, cost_length: int = 1024):
     For every method in ``results`` (an extrapolation result): PE(i, j) in the book's
     notation, what the book calls hyper-parameters, learnable positional parameters of the
     TinyLM of ``config``, the work to build a ``cost_length`` bias, and the extrapolation
-    measured in ``results`` (bits per byte at the longest length over those at the
-    training length).
+    measured in ``results``: bits per byte at the longest length minus those at the
+    training length (mean over seeds; below 0, more context helped). Short headers and
+    cells, so that the table fits a page's text column.
     """
+    first = next(iter(results["methods"].values()))["eval"]
     headers = [
         "method",
         r"$\mathrm{PE}(i,j)$",
         "hyper-parameters",
-        "learned parameters",
-        f"work for a {cost_length}-token bias",
-        "bits per byte, longest / training length",
+        "learned",
+        f"work, {cost_length} tokens",
+        f"{first[-1]['factor']}x − {first[0]['factor']}x",
     ]
     rows = []
     for name, rec in results["methods"].items():
@@ -379,7 +414,7 @@ def table_2_4_rows(results: dict, config, *, cost_length: int = 1024):
                 hyper,
                 positional_parameters(name, config),
                 bias_values_computed(name, config, cost_length),
-                bpb[-1] / bpb[0],
+                round(bpb[-1] - bpb[0], 2) + 0.0,  # + 0.0: no "-0.00"
             ]
         )
     return rows, headers
@@ -421,12 +456,13 @@ def plot_sweep_groups(results: dict, groups: dict | None = None):
     with ``length`` and ``bpb``); ``groups`` maps a panel title to method names (default
     :data:`SWEEP_GROUPS`; methods missing from the results are skipped). The panels share
     their y axis, a grey line marks the training length, and a sweep of several seeds has
-    its 95 % interval shaded. Returns the Figure.
+    its 95 % interval shaded; each panel's legend sits below it. Returns the Figure.
     """
     groups = SWEEP_GROUPS if groups is None else groups
     train_len = results["provenance"]["config"]["train_len"]
-    fig, axes = figure(8, 3.3, ncols=len(groups), sharey=True)
+    fig, axes = figure(8, 3.9, ncols=len(groups), sharey=True)
     for ax, (title, methods) in zip(np.atleast_1d(axes).flat, groups.items()):
+        lengths = []
         for method in methods:
             if method not in results["methods"]:
                 continue
@@ -436,10 +472,13 @@ def plot_sweep_groups(results: dict, groups: dict | None = None):
             shade_interval(ax, lengths, rows, "bpb", line.get_color())  # several seeds
         ax.axvline(train_len, color="grey", lw=0.8)
         ax.set_xscale("log", base=2)
+        if lengths:  # ticks at the evaluated lengths, in bytes
+            ax.set_xticks(lengths[::2], [str(n) for n in lengths[::2]])
         ax.set_title(title, fontsize=9)
-        ax.set_xlabel("evaluation length", fontsize=9)
+        ax.set_xlabel("evaluation length (bytes)", fontsize=9)
         ax.tick_params(labelsize=9)
-        ax.legend(fontsize=9)
+        # below the panel: a legend on it would cover lines or bands
+        ax.legend(fontsize=8, ncol=2, loc="upper center", bbox_to_anchor=(0.5, -0.2))
     np.atleast_1d(axes).flat[0].set_ylabel("bits per byte", fontsize=9)
     return fig
 
@@ -489,6 +528,96 @@ def plot_difference_errors(offsets, errors: dict, *, floor: float = 1e-10):
     ax.set_xlabel("offset i - j")
     ax.set_ylabel("worst |error| of PE(i, j)")
     ax.legend(fontsize=8)
+    return fig
+
+
+def float32_cumulative(log_f: torch.Tensor) -> torch.Tensor:
+    r""":math:`F_i = \sum_{t \le i} \log f_t` summed in float32, one addition after another
+    (NumPy's float32 ``cumsum``), for one sequence's ``log_f`` (1-D): float32, each
+    :math:`F_i` rounded to float32 after every addition, as a float32 cumulative sum on a
+    GPU rounds (the order of its additions aside). PyTorch's CPU ``cumsum`` of a float32
+    tensor accumulates in float64, so it is not used here."""
+    values = log_f.detach().float().cpu().numpy()
+    return torch.from_numpy(np.cumsum(values, dtype=np.float32))
+
+
+#: The ways :func:`trap_errors` computes :math:`\mathrm{PE}(i, j) = F_i - F_j` in float32.
+TRAP_WAYS = {
+    "float32 sum": r"$F$ summed in float32 (reference code)",
+    "float32 F": r"$F$ summed in float64, stored in float32",
+    "split": r"library: $(hi_i - hi_j) + (lo_i - lo_j)$",
+    "rounding": "float32 rounding of the true PE",
+}
+
+
+def trap_errors(log_f: torch.Tensor, offsets, *, queries: int = 256, seed: int = 0) -> dict:
+    r"""The worst error of :math:`\mathrm{PE}(i, j) = F_i - F_j` per offset, against
+    float64, for one head's ``log_f`` over one sequence (1-D, float32 values).
+
+    For each offset ``d`` in ``offsets``, ``queries`` query positions ``i`` drawn at random
+    from ``d .. n-1`` (``torch.Generator`` seeded with ``seed``) and keys ``j = i - d``.
+    Returns ``{way: [worst |error| per offset]}`` for the ways of :data:`TRAP_WAYS`:
+    ``"float32 sum"`` (:func:`float32_cumulative`, then the float32 difference),
+    ``"float32 F"`` (the float64 sum rounded to float32, then the difference),
+    ``"split"`` (the library's :meth:`~relbias.attention.prepared.ForgettingBias.parts`)
+    and ``"rounding"`` (float32's rounding of the true difference: no float32 result can
+    do better). The reference is the float64 sum of the float32 ``log_f``.
+    """
+    n = log_f.numel()
+    exact_F = torch.cumsum(log_f.detach().float().double().cpu(), dim=0)
+    summed = float32_cumulative(log_f).double()
+    stored = exact_F.float().double()
+    generator = torch.Generator().manual_seed(seed)
+    worst = {way: [] for way in TRAP_WAYS}
+    for d in offsets:
+        if not 0 < d < n:
+            raise ValueError(f"every offset must lie in 1 .. {n - 1}, got {d}")
+        i = torch.randint(d, n, (queries,), generator=generator)
+        j = i - d
+        exact = exact_F[i] - exact_F[j]
+        split = difference_errors(exact_F, i, j)
+        worst["float32 sum"].append(float(((summed[i] - summed[j]) - exact).abs().max()))
+        worst["float32 F"].append(float(((stored[i] - stored[j]) - exact).abs().max()))
+        worst["split"].append(float(split["split"].max()))
+        worst["rounding"].append(float(split["rounding"].max()))
+    return worst
+
+
+def first_query_off_by(log_f: torch.Tensor, threshold: float, *, near: int = 64):
+    r"""The first query position at which :math:`F` summed in float32
+    (:func:`float32_cumulative`) puts the bias of one of the ``near`` nearest keys
+    (offsets 1 .. ``near``) more than ``threshold`` from the float64 sum's, for one head's
+    ``log_f`` (1-D); None if no query of the sequence does."""
+    exact_F = torch.cumsum(log_f.detach().float().double().cpu(), dim=0)
+    summed = float32_cumulative(log_f).double()
+    n = exact_F.numel()
+    worst = torch.zeros(n, dtype=torch.float64)
+    for d in range(1, min(near, n - 1) + 1):
+        error = ((summed[d:] - summed[:-d]) - (exact_F[d:] - exact_F[:-d])).abs()
+        worst[d:] = torch.maximum(worst[d:], error)
+    over = (worst > threshold).nonzero().flatten()
+    return int(over[0]) if over.numel() else None
+
+
+def plot_trap_errors(offsets, panels: dict, *, floor: float = 1e-9):
+    """One panel per entry of ``panels`` (``{title: trap_errors(...)}``), the worst error
+    against the offset on log axes, one shared y axis and one legend below the panels (none
+    on them). Errors of 0 are drawn at ``floor``. Returns the Figure."""
+    fig, axes = figure(8.0, 3.6, ncols=len(panels), sharey=True)
+    axes = list(np.atleast_1d(axes).flat)
+    styles = {"float32 sum": "o-", "float32 F": "^-", "split": "s-", "rounding": "k--"}
+    for ax, (title, errors) in zip(axes, panels.items()):
+        for way, values in errors.items():
+            ys = [max(float(v), floor) for v in values]
+            ax.plot(offsets, ys, styles.get(way, "o-"), ms=3, lw=1, label=TRAP_WAYS.get(way, way))
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("offset i - j (tokens)", fontsize=9)
+        ax.set_title(title, fontsize=9)
+        ax.grid(True, which="major", lw=0.3, alpha=0.5)
+    axes[0].set_ylabel("worst |error| of PE(i, j) (nats)", fontsize=9)
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="outside lower center", ncol=2, fontsize=8)
     return fig
 
 
@@ -626,4 +755,101 @@ def plot_gate_readback(
         f"layer {layer}, head {head} over the text (\u21b5 newline, \u00b7 space)", fontsize=9
     )
     ax0.set_title("every head's mean forget rate", fontsize=9)
+    return fig
+
+
+# --- legends that hide no data (chapters 4 and 5) ------------------------------------------
+
+
+def legend_below(fig, *, each: bool = False, ncol: int = 2, fontsize: int = 8):
+    """Move a figure's legends off its panels, so that no legend covers a line, and return
+    ``fig``.
+
+    By default one legend below all panels names every labelled line once (the labels of
+    all panels, in the order they first appear). With ``each=True`` every panel that had a
+    legend keeps its own, moved below that panel (panels whose labels differ, such as one
+    line per head with its own numbers)."""
+    axes = list(fig.axes)
+    for ax in axes:
+        if ax.get_legend() is not None:
+            ax.get_legend().remove()
+    if each:
+        for ax in axes:
+            handles, labels = ax.get_legend_handles_labels()
+            if handles:
+                ax.legend(
+                    handles,
+                    labels,
+                    loc="upper center",
+                    bbox_to_anchor=(0.5, -0.2),
+                    ncol=ncol,
+                    fontsize=fontsize,
+                )
+        return fig
+    seen = {}
+    for ax in axes:
+        for handle, label in zip(*ax.get_legend_handles_labels()):
+            seen.setdefault(label, handle)
+    if seen:
+        fig.legend(
+            list(seen.values()),
+            list(seen),
+            loc="outside lower center",
+            ncol=min(ncol, len(seen)),
+            fontsize=fontsize,
+        )
+    return fig
+
+
+# --- Kerple (chapter 5) ---------------------------------------------------------------------
+
+
+def kerple_settings_biases(settings: dict) -> dict:
+    """``{form: {(r1, r2): bias}}``: one single-head Kerple bias per setting of
+    ``settings`` (``{"power" or "log": [(r1, r2), ...]}``), each holding exactly its
+    ``(r1, r2)``: the floor ``eps`` is lowered below the smallest value given, so that no
+    setting is clamped to another (the default floor is 1e-2)."""
+    classes = {"power": KerplePower, "log": KerpleLog}
+    unknown = sorted(set(settings) - set(classes))
+    if unknown:
+        raise ValueError(f"forms must be 'power' or 'log', got {unknown}")
+    out = {}
+    for form, pairs in settings.items():
+        out[form] = {}
+        for r1, r2 in pairs:
+            eps = min(1e-2, r1 / 2, r2 / 2)
+            out[form][(r1, r2)] = classes[form](1, eps=eps, r1_init=r1, r2_init=r2)
+    return out
+
+
+def plot_kerple_settings(
+    settings: dict, max_offset: int, *, reference: dict | None = None, ylim=(-20, 0.5)
+):
+    """One panel per Kerple form, one line per ``(r1, r2)`` setting (labelled with it),
+    PE against the offset 0 .. ``max_offset``; ``reference`` (label to bias, e.g. ALiBi)
+    drawn as grey dashed lines in every panel; each panel's legend below it."""
+    biases = kerple_settings_biases(settings)
+    fig, axes = figure(8.0, 3.9, ncols=len(biases))
+    axes = [axes] if len(biases) == 1 else list(axes.flat)
+    offsets = np.arange(max_offset + 1)
+    for ax, (form, by_setting) in zip(axes, biases.items()):
+        with torch.no_grad():
+            for label, ref in (reference or {}).items():
+                for h, line in enumerate(ref.offset_table(0, max_offset)):
+                    ax.plot(
+                        offsets,
+                        line.numpy(),
+                        color="grey",
+                        lw=0.8,
+                        ls="--",
+                        label=label if h == 0 else None,
+                    )
+            for (r1, r2), bias in by_setting.items():
+                values = bias.offset_table(0, max_offset)[0].numpy()
+                ax.plot(offsets, values, lw=1.4, label=f"$r_1 = {r1:g}$, $r_2 = {r2:g}$")
+        ax.set_ylim(*ylim)
+        ax.set_title(f"{form} form", fontsize=9)
+        ax.set_xlabel("offset i - j")
+        ax.set_ylabel("PE(i, j)")
+        ax.legend(fontsize=8, ncol=2, loc="upper center", bbox_to_anchor=(0.5, -0.2))
     return fig

@@ -36,6 +36,7 @@ __all__ = [
     "accuracy_table",
     "at_factor",
     "bpb_table",
+    "change_table",
     "combine",
     "compare",
     "compare_accuracy",
@@ -45,6 +46,8 @@ __all__ = [
     "far_penalty",
     "gap_by_step",
     "glue_sweep",
+    "intervention_at",
+    "intervention_effect",
     "gate_summary",
     "join_parts",
     "levelled",
@@ -54,6 +57,7 @@ __all__ = [
     "only",
     "order",
     "plot_longer_training",
+    "plot_interventions",
     "plot_probe",
     "probe_lengths",
     "plot_sweep",
@@ -61,6 +65,7 @@ __all__ = [
     "relation",
     "renamed",
     "seed_count",
+    "short_verdict",
     "show_interval",
     "spread_by_step",
     "spread_of",
@@ -72,6 +77,10 @@ STORED = {
     "extrapolation": "extrapolation_medium",
     "retrieval": "retrieval_medium",
     "t5": "ablation_t5_medium",
+    # the new ablations (issues 27, 28): one cause changed each, 3 seeds, medium, 3000 steps
+    "t5_far": "ablation_t5_medium_farmin",
+    "kerple": "ablation_kerple_medium",
+    "alibi_probe": "ablation_alibi_probe_medium",
     "fire": "ablation_fire_medium",
     "offset": "ablation_offset_medium",
     # the forget gate (issue 17), swept later with the same configuration and seeds
@@ -539,10 +548,12 @@ def plot_longer_training(short: dict, longer: dict, groups, *, width: float = 11
                 xs = [p["step"] for p in curves[0]]
                 ys = [sum(c[j]["bpb"] for c in curves) / len(curves) for j in range(len(xs))]
                 ax.plot(xs, ys, style, color=color, lw=1, label=label if style == "-" else None)
-        ax.set_xlabel("training step (dotted: the stored medium run)")
-        ax.set_ylabel("validation bits per byte at 1x,\nmean over seeds")
-        ax.legend(fontsize=7, ncol=3, loc="upper center", bbox_to_anchor=(0.5, -0.16))
+        ax.set_xlabel("training step (dotted: the shorter run)")
+        ax.legend(fontsize=7, ncol=2, loc="upper center", bbox_to_anchor=(0.5, -0.16))
         _zoom_on_late_steps(ax)
+    # one y label, on the left panel only: a second one would sit between the panels
+    first = next(iter(getattr(axes, "flat", [axes])))
+    first.set_ylabel("bits per byte at the training\nlength, mean over seeds")
     return fig
 
 
@@ -565,7 +576,7 @@ def describe(results: dict) -> dict:
         ),
         "wall_min": round((results["provenance"].get("wall_s") or 0) / 60),
     }
-    if results["kind"] in ("extrapolation", "ablation"):
+    if results["kind"] in ("extrapolation", "ablation") and "bytes" in rows[0]:  # text, not probe
         info["eval_kb"] = min(row["bytes"] for row in rows) // 1024
         info["files"] = min(row.get("files", 0) for row in rows)
     else:
@@ -583,7 +594,28 @@ def plot_sweep(results: dict, methods, *, width: float = 11.0, height: float = 3
     plot_extrapolation(chosen, ax=left)
     plot_val_curves(chosen, ax=right)
     _zoom_on_late_steps(right)
+    # the book's units (bytes), short labels that fit beside each other, and one legend
+    # below both panels, so that no legend covers a line or a band
+    lengths = [row["length"] for row in next(iter(chosen["methods"].values()))["eval"]]
+    left.set_xticks(lengths, [str(n) for n in lengths])
+    left.set_xlabel("evaluation length (bytes); grey: training length")
+    left.set_ylabel("bits per byte")
+    right.set_xlabel("training step")
+    right.set_ylabel("bits per byte at the training length")
+    _legend_below(fig, left, [left, right])
     return fig
+
+
+def _legend_below(fig, source, axes) -> None:
+    """One legend for ``axes``, from ``source``'s lines, below the panels (none on them)."""
+    for ax in axes:
+        if ax.get_legend() is not None:
+            ax.get_legend().remove()
+    handles, labels = source.get_legend_handles_labels()
+    if handles:
+        fig.legend(
+            handles, labels, loc="outside lower center", ncol=min(len(labels), 6), fontsize=8
+        )
 
 
 def _zoom_on_late_steps(ax) -> None:
@@ -668,9 +700,11 @@ def plot_probe(results: dict, methods, *, width: float = 12.0, height: float = 3
     chosen = only(results, methods)
     lengths = sorted({r["length"] for m in methods for r in results["methods"][m]["eval"]})
     fig, axes = figure(width, height, ncols=len(lengths))
-    for ax, length in zip(getattr(axes, "flat", [axes]), lengths):
+    panels = list(getattr(axes, "flat", [axes]))
+    for ax, length in zip(panels, lengths):
         plot_retrieval(chosen, length=length, ax=ax)
         ax.set_xlabel("distance (grey: longest trained)", fontsize=8)
+    _legend_below(fig, panels[0], panels)  # a legend on a panel would cover the bands
     return fig
 
 
@@ -696,3 +730,345 @@ def glue_sweep(prefix: str, results: dict, methods) -> dict:
         glue(f"{prefix}_{m}_trend", trends[m]["verdict"])
         glue(f"{prefix}_{m}_change", show_interval(trends[m]))
     return {"describe": info, "trend": trends}
+
+
+# --- interventions: the same trained weights evaluated with one thing changed (ablations) ---
+
+
+def intervention_at(results: dict, method: str, intervention: str, factor: int) -> dict:
+    """Mean and 95 % interval of ``method``'s bits per byte at ``factor`` x the training
+    length, evaluated with the stored ``intervention`` (an ablation's
+    ``methods[method]["interventions"][intervention]``: the same trained weights with one
+    thing changed). Same keys as :func:`at_factor`."""
+    held = results["methods"][method].get("interventions", {})
+    if intervention not in held:
+        raise ValueError(
+            f"intervention must be one of {list(held)} for {method!r}, got {intervention!r}"
+        )
+    row = _row(held[intervention], factor)
+    return {"mean": row["bpb"], "low": row["bpb_low"], "high": row["bpb_high"], "n": row["n"]}
+
+
+def intervention_effect(
+    results: dict, method: str, intervention: str, factor: int, *, against: int | None = None
+) -> dict:
+    """What ``intervention`` does to ``method``'s bits per byte at ``factor`` x, seed by seed
+    (intervened minus as trained: both readings come from the same trained weights): the
+    interval of that change (``mean``, ``low``, ``high``, ``n``) and the ``verdict``:
+    ``"lowers"`` (the whole interval below 0), ``"raises"`` (above 0) or ``"no change
+    beyond the interval"``; ``"one seed, no verdict"`` with one seed.
+
+    ``against``: compare with the as-trained reading at that factor instead (e.g. 1: does
+    the intervened reading at 16x still lie above the model's reading at the training
+    length?)."""
+    against = factor if against is None else against
+    seeds = results["methods"][method]["seeds"]
+    changes = []
+    for s in sorted(seeds, key=int):
+        record = seeds[s]
+        if intervention not in record.get("interventions", {}):
+            raise ValueError(f"seed {s} of {method!r} holds no intervention {intervention!r}")
+        changed = _row(record["interventions"][intervention], factor)["bpb"]
+        changes.append(changed - _row(record, against)["bpb"])
+    change = interval(changes)
+    if change["n"] < 2:
+        verdict = "one seed, no verdict"
+    elif change["high"] < 0:
+        verdict = "lowers"
+    elif change["low"] > 0:
+        verdict = "raises"
+    else:
+        verdict = "no change beyond the interval"
+    return {**change, "verdict": verdict}
+
+
+def plot_interventions(
+    results: dict, methods, interventions, factor: int, *, width: float = 8.0, height: float = 3.4
+):
+    """Bits per byte at ``factor`` x for each of ``methods`` as trained and with each of
+    ``interventions`` (mean over seeds, bar: 95 % interval), one group of points per
+    reading; a dotted line per method marks its bits per byte at the training length."""
+    fig, ax = figure(width, height)
+    readings = ["as trained", *interventions]
+    spread = 0.8 / max(len(methods), 1)
+    for k, m in enumerate(methods):
+        color = method_style(m, k)["color"]
+        ivs = [at_factor(results, m, factor)]
+        ivs += [intervention_at(results, m, name, factor) for name in interventions]
+        xs = [i - 0.4 + spread * (k + 0.5) for i in range(len(readings))]
+        means = [iv["mean"] for iv in ivs]
+        below = [iv["mean"] - iv["low"] for iv in ivs]
+        above = [iv["high"] - iv["mean"] for iv in ivs]
+        ax.errorbar(xs, means, yerr=[below, above], fmt="o", ms=4, capsize=3, color=color, label=m)
+        ax.axhline(at_factor(results, m, 1)["mean"], color=color, ls=":", lw=1)
+    ax.set_xticks(range(len(readings)), readings)
+    ax.set_ylabel(f"bits per byte at {factor}x")
+    fig.legend(
+        *ax.get_legend_handles_labels(), loc="outside lower center", ncol=len(methods), fontsize=8
+    )
+    return fig
+
+
+# --- interventions and the loss past the training length (chapters 2 and 3) ---------------
+
+
+def _intervention_rows(record: dict, name: str) -> list[dict]:
+    """The evaluation rows of ``record`` (one seed's or the summary over seeds) with
+    intervention ``name``: ``record["interventions"][name]["eval"]``, or ``record[name]``
+    where the rows sit at the top level (the T5 ablation's ``eval_monotone``)."""
+    if name in record.get("interventions", {}):
+        return record["interventions"][name]["eval"]
+    if isinstance(record.get(name), list):
+        return record[name]
+    known = [*record.get("interventions", {}), *(k for k in record if k.startswith("eval_"))]
+    raise ValueError(f"no intervention {name!r} in this record; it has {known}")
+
+
+def interventions_as_methods(results: dict, variant: str, names, *, labels=None) -> dict:
+    """``results`` with ``variant`` as trained and once per intervention of ``names`` (the
+    same trained weights evaluated with one thing changed), each as a method of its own,
+    named by ``labels`` (``{name: label}``; ``variant`` may be renamed too; default
+    ``"<variant>, <name>"``): its summary rows and every seed's rows, so that
+    :func:`bpb_table`, :func:`at_factor`, :func:`trend`, :func:`loss_within_and_past` and
+    :func:`plot_bpb_by_length` read it like any method."""
+    labels = dict(labels or {})
+    record = results["methods"][variant]
+    methods = {labels.get(variant, variant): record}
+    for name in names:
+        seeds = {
+            s: {**rec, "eval": _intervention_rows(rec, name)} for s, rec in record["seeds"].items()
+        }
+        label = labels.get(name, f"{variant}, {name}")
+        methods[label] = {**record, "eval": _intervention_rows(record, name), "seeds": seeds}
+    return {**results, "methods": methods}
+
+
+def paired_change(results: dict, a: str, b: str, factor: int) -> dict:
+    """``a``'s bits per byte at ``factor`` x minus ``b``'s, seed by seed (two methods of
+    ``results`` that hold the same seeds, e.g. a model as trained and with an intervention,
+    from :func:`interventions_as_methods`): mean and 95 % interval of the per-seed change."""
+    seeds_a, seeds_b = results["methods"][a]["seeds"], results["methods"][b]["seeds"]
+    if set(seeds_a) != set(seeds_b):
+        raise ValueError(
+            f"{a!r} and {b!r} hold different seeds: {sorted(seeds_a)}, {sorted(seeds_b)}"
+        )
+    return interval(
+        [_row(seeds_a[s], factor)["bpb"] - _row(seeds_b[s], factor)["bpb"] for s in seeds_a]
+    )
+
+
+def loss_within_and_past(results: dict, method: str) -> dict:
+    """``method``'s mean loss at the longest length, split at the training length ``m_l``:
+    the first ``m_l`` positions of a window (``"within"``) and the rest (``"past"``), each
+    per seed from the loss by position, then mean and 95 % interval over seeds; with
+    ``"length"`` (the window) and ``"train_len"``."""
+    train_len = results["provenance"]["config"]["train_len"]
+    within, past, length = [], [], None
+    for rec in results["methods"][method]["seeds"].values():
+        row = max(rec["eval"], key=lambda r: r["length"])
+        pos, length = row["loss_by_position"], row["length"]
+        within.append(sum(pos[:train_len]) / train_len)
+        past.append(sum(pos[train_len:]) / (len(pos) - train_len))
+    return {
+        "within": interval(within),
+        "past": interval(past),
+        "length": length,
+        "train_len": train_len,
+    }
+
+
+def edge_above_min(results: dict, method: str = "offset", offset: int | None = None) -> dict:
+    """How far a learned table's value at ``offset`` sits above the table's minimum up to
+    that offset, per head and seed, from the records' read-back (``learned_bias``, offsets
+    0 onwards). The default offset is the clipped offset table's edge ``u_{m_l-1}``, the
+    value every farther offset reads; for T5 pass the farthest offset read back (``-1``).
+    Returns ``values`` (every head of every seed), ``low`` and ``high`` (their range),
+    ``above`` (heads whose value lies above the minimum: those keys favoured over the
+    middle ones) of ``heads``, and ``below_max``, the range of the value minus the table's
+    largest."""
+    if offset is None:
+        offset = results["provenance"]["config"]["train_len"] - 1
+    values, below = [], []
+    for rec in results["methods"][method]["seeds"].values():
+        for row in rec["learned_bias"]["values"]:
+            table = row[: offset + 1] if offset >= 0 else row[: len(row) + offset + 1]
+            values.append(table[-1] - min(table))
+            below.append(table[-1] - max(table))
+    return {
+        "values": values,
+        "low": min(values),
+        "high": max(values),
+        "above": sum(v > 0 for v in values),
+        "heads": len(values),
+        "below_max": (min(below), max(below)),
+    }
+
+
+def plot_bpb_by_length(runs: dict, methods, *, width: float = 8.0, height: float = 3.0):
+    """Bits per byte against the window length in bytes (log scale), the 95 % interval over
+    seeds shaded, one panel per entry of ``runs`` (``{title: results}``, sharing the y
+    axis) with ``methods`` in each; a grey line marks the training length, and one legend
+    below the panels names every method (no legend covers a curve)."""
+    fig, axes = figure(width, height, ncols=len(runs), sharey=True)
+    axes = list(getattr(axes, "flat", [axes]))
+    for ax, (title, results) in zip(axes, runs.items()):
+        plot_extrapolation(only(results, methods), ax=ax)
+        ax.get_legend().remove()
+        ax.set_xlabel("window length (bytes); grey: training length")
+        ax.set_title(title, fontsize=10)
+    axes[0].set_ylabel("bits per byte")
+    for ax in axes[1:]:
+        ax.set_ylabel("")
+    handles, names = axes[0].get_legend_handles_labels()
+    fig.legend(handles, names, loc="outside lower center", ncol=min(len(names), 5), fontsize=8)
+    return fig
+
+
+def plot_loss_by_position(
+    results: dict, methods, *, window: int = 32, width: float = 8.0, height: float = 3.0
+):
+    """Loss (bits per byte) against the position in the window at the longest length, the
+    mean over seeds smoothed over ``window`` positions, one line per method of ``methods``
+    (log-scaled positions, in bytes); a grey line marks the training length, and the legend
+    sits below the axes."""
+    import numpy as np
+
+    fig, ax = figure(width, height)
+    for i, m in enumerate(methods):
+        row = max(results["methods"][m]["eval"], key=lambda r: r["length"])
+        y = np.convolve(row["loss_by_position"], np.ones(window) / window, mode="valid")
+        style = method_style(m, i)
+        ax.plot(
+            np.arange(len(y)) + window,
+            y,
+            label=m,
+            lw=1.2,
+            color=style["color"],
+            linestyle=style["linestyle"],
+        )
+    ax.axvline(results["provenance"]["config"]["train_len"], color="grey", lw=0.8)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel(f"position in a {row['length']}-byte window (bytes; mean of {window})")
+    ax.set_ylabel("bits per byte")
+    fig.legend(loc="outside lower center", ncol=min(len(methods), 4), fontsize=8)
+    return fig
+
+
+# --- a sweep's finding in one table (chapter 8) ---------------------------------------------
+
+#: The verdicts of :func:`trend` in a word, for a table column.
+SHORT_VERDICT = {
+    "improves": "improves",
+    "degrades": "degrades",
+    "neither degrades nor improves beyond the interval": "neither",
+    "one seed, no verdict": "one seed",
+}
+
+
+def short_verdict(change: dict) -> str:
+    """:func:`trend`'s verdict in one word: ``"improves"``, ``"degrades"``, ``"neither"``
+    (the interval of the change holds 0) or ``"one seed"`` (no interval)."""
+    return SHORT_VERDICT[change["verdict"]]
+
+
+def change_table(results: dict, methods, *, start: int = 1, end: int | None = None):
+    """Rows and headers of a narrow table, one row per method of ``methods``: bits per byte
+    at ``start`` x and ``end`` x the training length (default: the longest), the per-seed
+    change between them and its verdict in one word (:func:`trend`, :func:`short_verdict`),
+    each number as ``mean [low, high]`` over seeds."""
+    end = end or max(row["factor"] for row in results["methods"][methods[0]]["eval"])
+    rows = []
+    for m in methods:
+        change = trend(results, m, start=start, end=end)
+        rows.append(
+            [
+                m,
+                show_interval(at_factor(results, m, start)),
+                show_interval(at_factor(results, m, end)),
+                show_interval(change),
+                short_verdict(change),
+            ]
+        )
+    return rows, ["method", f"{start}x", f"{end}x", "change", "verdict"]
+
+
+def far_to_min_table(table) -> list[list[float]]:
+    """Each row of a bucket table (heads x buckets) with every bucket past the row's minimum
+    set to that minimum (the first minimum where several tie): the T5 ablation's
+    ``far_to_min`` (:func:`relbias.lab.ablations.t5_details`), the near buckets unchanged."""
+    out = []
+    for row in table:
+        row = list(row)
+        b = min(range(len(row)), key=row.__getitem__)
+        out.append(row[: b + 1] + [row[b]] * (len(row) - b - 1))
+    return out
+
+
+def plot_t5_far_end(
+    ablation: dict,
+    longer: dict,
+    *,
+    variant: str = "t5_d128_b32",
+    seed: str = "0",
+    width: float = 8.0,
+    height: float = 3.0,
+):
+    """The learned T5 bias of every head of one seed against the offset (log scale): left,
+    ``ablation``'s ``variant`` as trained (solid) and with the buckets past each head's
+    minimum set to it (``far_to_min``, dashed); right, the sweep ``longer``'s ``t5`` of the
+    same seed (its read-back per offset). Both panels share the y axis and read the offsets
+    of the longer read-back; a dashed grey line marks the last offset of a training window;
+    one colour per head, and one legend below the panels."""
+    import matplotlib
+    import torch
+    from matplotlib.lines import Line2D
+
+    from relbias.biases.t5 import t5_bucket
+
+    spec = ablation["methods"][variant]["variant"]
+    record = ablation["methods"][variant]["seeds"][seed]
+    read = longer["methods"]["t5"]["seeds"][seed]["learned_bias"]["values"]
+    offsets = torch.arange(len(read[0]))
+    buckets = t5_bucket(
+        offsets, num_buckets=spec["num_buckets"], max_distance=spec["dist_max"], bidirectional=False
+    )
+    trained = torch.tensor(record["bucket_table"])[:, buckets]
+    changed = torch.tensor(far_to_min_table(record["bucket_table"]))[:, buckets]
+    panels = {
+        f"{ablation['provenance']['config']['steps']:,} steps, seed {seed}": (trained, changed),
+        f"{longer['provenance']['config']['steps']:,} steps, seed {seed}": (torch.tensor(read),),
+    }
+    colors = matplotlib.colormaps["tab10"].colors
+    fig, axes = figure(width, height, ncols=2, sharey=True)
+    for ax, (title, tables) in zip(axes.flat, panels.items()):
+        for table, style in zip(tables, ("-", "--")):
+            for h, row in enumerate(table.tolist()):
+                ax.step(offsets.numpy(), row, where="post", color=colors[h], ls=style, lw=1)
+        ax.axvline(ablation["provenance"]["config"]["train_len"] - 1, color="grey", ls=":", lw=1)
+        ax.set(xscale="symlog", xlim=(0, len(read[0]) - 1), xlabel="offset i - j (bytes)")
+        ax.set_title(title, fontsize=10)
+    axes.flat[0].set_ylabel("learned bias $u_{b(i-j)}$")
+    heads = len(read)
+    handles = [Line2D([], [], color=colors[h], lw=1) for h in range(heads)]
+    handles += [Line2D([], [], color="black", lw=1), Line2D([], [], color="black", ls="--", lw=1)]
+    names = [f"head {h}" for h in range(heads)] + ["as trained", "far buckets set to the minimum"]
+    fig.legend(handles, names, loc="outside lower center", ncol=3, fontsize=8)
+    return fig
+
+
+def bpb_table_by_length(runs: dict, *, digits: int = 2):
+    """Rows and headers of a narrow table of bits per byte, one row per evaluation length
+    and one column per entry of ``runs`` (``{column title: (results, method)}``, e.g. one
+    method of two sweeps, or a model as trained and with an intervention): mean [95 %
+    interval] over seeds. Every entry must hold the same lengths."""
+    columns = list(runs.items())
+    first_results, first_method = columns[0][1]
+    evals = first_results["methods"][first_method]["eval"]
+    rows = []
+    for row in evals:
+        f = row["factor"]
+        rows.append(
+            [f"{row['length']} ({f}x)"]
+            + [show_interval(at_factor(r, m, f), digits) for _, (r, m) in columns]
+        )
+    return rows, ["window (bytes)", *(title for title, _ in columns)]
