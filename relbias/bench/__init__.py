@@ -25,7 +25,7 @@ Above the core. The modules: :mod:`~relbias.bench.config` (:class:`BenchConfig`)
 
 from relbias.bench.cli import build_parser, main, parse_args
 from relbias.bench.config import FULL_LENGTHS, QUICK_LENGTHS, BenchConfig, ConfigError
-from relbias.bench.goals import evaluate_goals, goal_rows, summary
+from relbias.bench.goals import evaluate_goals, goal_rows, goal_summary_rows, summary
 from relbias.bench.goals import index as rows_of_pass
 from relbias.bench.methods import ALL_METHODS, FAST_METHODS, OUR_METHODS
 from relbias.bench.plots import plot_forward, plot_memory
@@ -48,6 +48,7 @@ __all__ = [
     "evaluate_goals",
     "format_tables",
     "goal_rows",
+    "goal_summary_rows",
     "load_report",
     "main",
     "parse_args",

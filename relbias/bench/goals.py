@@ -184,3 +184,28 @@ def goal_rows(report) -> list[list]:
                     measured = f"{g['speedup_vs_xt']:.2f}x x-transformers' speed"
                     rows.append([name, family, measured, ">= 1x", g["xt_met"]])
     return rows
+
+
+def goal_summary_rows(report) -> list[list]:
+    """One row per family of a report's goals, for a compact table: the family, the fastest
+    backend's forward time over the floor's and its limit, the forward-plus-backward time
+    over the floor's and its limit, and the fused kernel's forward peak memory over the
+    floor's (NaN where the report did not measure it)."""
+    goals = report.get("goals", {})
+    fwd = next((v for k, v in goals.items() if k.startswith("forward_n")), {})
+    bwd = next((v for k, v in goals.items() if k.startswith("forward_backward_n")), {})
+    mem = next((v for k, v in goals.items() if k.startswith("memory_n")), {})
+    rows = []
+    for family in report["config"]["families"]:
+        f, b = fwd.get(family, {}), bwd.get(family, {})
+        rows.append(
+            [
+                family,
+                f.get("ratio_to_floor", math.nan),
+                f.get("limit", math.nan),
+                b.get("ratio_to_floor", math.nan),
+                b.get("limit", math.nan),
+                mem.get(family, {}).get("fused", {}).get("ratio_to_floor", math.nan),
+            ]
+        )
+    return rows

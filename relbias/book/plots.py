@@ -284,33 +284,58 @@ def plot_bias_gallery(
     ncols: int = 4,
     causal: bool = True,
     title: str | None = None,
+    shared: bool = True,
 ):
-    """PE(i, j) of one head for several biases side by side (one panel each, own colours).
+    """PE(i, j) of one head for several biases side by side, one panel each.
 
     ``biases`` maps a panel title to a :class:`~relbias.RelativeBias` or a tensor
-    ``[heads, q_len, k_len]``. Returns the Figure.
+    ``[heads, q_len, k_len]``. With ``shared=True`` (default) every panel uses one colour
+    scale, drawn once as a single colour bar, so that a panel's colours compare with any
+    other's (a bias of size 0.004 looks flat beside one of size 2.5); with
+    ``shared=False`` each panel has its own scale and its own colour bar. Either way each
+    panel's title gives its range of values (visible pairs only). Returns the Figure.
     """
     n = len(biases)
     ncols = min(ncols, n)
     nrows = math.ceil(n / ncols)
-    fig, axes = figure(1.9 * ncols + 0.4, 2.1 * nrows + 0.3, nrows=nrows, ncols=ncols)
+    fig, axes = figure(
+        1.9 * ncols + (0.9 if shared else 0.4), 2.2 * nrows + 0.3, nrows=nrows, ncols=ncols
+    )
     flat = [axes] if n == 1 else list(axes.flat)
     i = torch.arange(q_len)[:, None]
     j = torch.arange(q_len)[None, :]
-    for ax, (name, bias) in zip(flat, biases.items()):
+    mats = {}
+    for name, bias in biases.items():
         mat = _bias_tensor(bias, q_len, None, None)[head].clone()
         if causal:
             mat[j > i] = float("nan")
-        image = ax.imshow(mat.numpy(), cmap="viridis")
-        ax.set_title(name, fontsize=9)
+        mats[name] = mat
+    finite = torch.cat([m[torch.isfinite(m)] for m in mats.values()])
+    low, high = float(finite.min()), float(finite.max())
+    if low == high:
+        low, high = low - 1.0, high + 1.0
+    image = None
+    for ax, (name, mat) in zip(flat, mats.items()):
+        seen = mat[torch.isfinite(mat)]
+        vmin, vmax = (low, high) if shared else (float(seen.min()), float(seen.max()))
+        if vmin == vmax:
+            vmin, vmax = vmin - 1.0, vmax + 1.0
+        image = ax.imshow(mat.numpy(), cmap="viridis", vmin=vmin, vmax=vmax)
+        ax.set_title(
+            f"{name}\n{float(seen.min()) + 0.0:.3g} to {float(seen.max()) + 0.0:.3g}", fontsize=9
+        )
         ax.set_xticks([0, q_len - 1])
         ax.set_yticks([0, q_len - 1])
         ax.tick_params(labelsize=9)
         ax.set_xlabel("key j", fontsize=9, labelpad=-8)
         ax.set_ylabel("query i", fontsize=9, labelpad=-8)
-        fig.colorbar(image, ax=ax, shrink=0.75).ax.tick_params(labelsize=9)
+        if not shared:
+            fig.colorbar(image, ax=ax, shrink=0.75).ax.tick_params(labelsize=9)
     for ax in flat[n:]:
         ax.axis("off")
+    if shared:
+        bar = fig.colorbar(image, ax=flat, shrink=0.8, label="PE(i, j), one scale for all panels")
+        bar.ax.tick_params(labelsize=9)
     if title:
         fig.suptitle(title, fontsize=10)
     return fig

@@ -74,7 +74,7 @@ from relbias.lab.device import pick_device
 from relbias.lab.evaluation import evaluate_lengths, evaluate_retrieval, learned_bias
 from relbias.lab.experiments import train_and_evaluate, train_and_probe
 from relbias.lab.probe import probe_description
-from relbias.lab.results import check_tag
+from relbias.lab.results import check_tag, split_at_train_len
 from relbias.lab.stats import (
     interval,
     summarize_extrapolation,
@@ -223,15 +223,9 @@ def _eval_rows(model, config: Config, corpus, factors=None, device=None) -> list
 
 def within_and_past(row: dict, train_len: int) -> dict:
     """Mean loss of one evaluation row inside the training length and past it."""
-    pos = row["loss_by_position"]
-    return {
-        "length": row["length"],
-        "within_train_len_bpb": sum(pos[:train_len]) / train_len,
-        "past_train_len_bpb": sum(pos[train_len:]) / max(len(pos) - train_len, 1),
-    }
+    return {"length": row["length"], **split_at_train_len(row["loss_by_position"], train_len)}
 
 
-@torch.no_grad()
 def far_buckets_to_min(table: torch.Tensor) -> torch.Tensor:
     """A bucket table (heads x buckets) with every bucket past each head's minimum set to
     that minimum (the first minimum where several tie); the near buckets are unchanged."""
@@ -242,6 +236,7 @@ def far_buckets_to_min(table: torch.Tensor) -> torch.Tensor:
     return out
 
 
+@torch.no_grad()
 def t5_details(model, config: Config, corpus, factors=None, device=None) -> dict:
     """Read back a trained T5 model's table and evaluate it with two changed tables.
 

@@ -158,7 +158,11 @@ def result_name(results: dict) -> str:
 def compact(results: dict) -> dict:
     """``results`` without the arrays no reader needs: every record's per-step training
     losses (``train.losses``) and the per-seed loss by position of every evaluation row
-    (the summary's mean over seeds stays). Everything else is kept as it is."""
+    (the summary's mean over seeds stays). In their place each per-seed row keeps the two
+    numbers a chapter reads from it, the mean loss within the training length and past it
+    (``within_train_len_bpb``, ``past_train_len_bpb``; see
+    :func:`relbias.lab.stats.loss_within_and_past`). Everything else is kept as it is."""
+    train_len = results.get("provenance", {}).get("config", {}).get("train_len")
 
     def strip(value, in_seed: bool):
         if isinstance(value, dict):
@@ -167,6 +171,8 @@ def compact(results: dict) -> dict:
                 if key == "losses" and isinstance(item, list):
                     continue
                 if key == "loss_by_position" and in_seed:
+                    if item and train_len and len(item) > train_len:
+                        out.update(split_at_train_len(item, train_len))
                     continue
                 out[key] = strip(item, in_seed or key == "seeds")
             return out
@@ -175,6 +181,15 @@ def compact(results: dict) -> dict:
         return value
 
     return strip(results, False)
+
+
+def split_at_train_len(loss_by_position, train_len: int) -> dict:
+    """The mean loss over the first ``train_len`` positions of a window and over the rest."""
+    pos = list(loss_by_position)
+    return {
+        "within_train_len_bpb": sum(pos[:train_len]) / train_len,
+        "past_train_len_bpb": sum(pos[train_len:]) / (len(pos) - train_len),
+    }
 
 
 def write_results(results: dict, path) -> Path:
@@ -428,7 +443,7 @@ def describe(results: dict) -> dict:
         ),
         "wall_min": round((results["provenance"].get("wall_s") or 0) / 60),
     }
-    if results["kind"] in ("extrapolation", "ablation"):
+    if results["kind"] in ("extrapolation", "ablation") and "bytes" in rows[0]:  # text, not probe
         info["eval_kb"] = min(row["bytes"] for row in rows) // 1024
         info["files"] = min(row.get("files", 0) for row in rows)
     else:

@@ -518,15 +518,21 @@ def compare_accuracy(results: dict, a: str, b: str, length: int, distance=None) 
 def loss_within_and_past(results: dict, method: str) -> dict:
     """``method``'s mean loss at the longest length, split at the training length ``m_l``:
     the first ``m_l`` positions of a window (``"within"``) and the rest (``"past"``), each
-    per seed from the loss by position, then mean and 95 % interval over seeds; with
+    per seed from the loss by position (or the two means a compact copy keeps in its place),
+    then mean and 95 % interval over seeds; with
     ``"length"`` (the window) and ``"train_len"``."""
     train_len = results["provenance"]["config"]["train_len"]
     within, past, length = [], [], None
     for rec in results["methods"][method]["seeds"].values():
         row = max(rec["eval"], key=lambda r: r["length"])
-        pos, length = row["loss_by_position"], row["length"]
-        within.append(sum(pos[:train_len]) / train_len)
-        past.append(sum(pos[train_len:]) / (len(pos) - train_len))
+        length = row["length"]
+        if "within_train_len_bpb" in row:  # a compact copy keeps the two means
+            within.append(row["within_train_len_bpb"])
+            past.append(row["past_train_len_bpb"])
+        else:
+            pos = row["loss_by_position"]
+            within.append(sum(pos[:train_len]) / train_len)
+            past.append(sum(pos[train_len:]) / (len(pos) - train_len))
     return {
         "within": interval(within),
         "past": interval(past),

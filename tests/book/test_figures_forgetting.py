@@ -8,7 +8,7 @@ import torch
 
 import relbias
 from relbias.biases.prepared import ForgettingBias
-from relbias.book import figures as fg
+from relbias.book import forgetting
 from relbias.lab.model import TinyLM
 
 
@@ -22,7 +22,7 @@ def test_difference_errors_match_the_prepared_bias():
         dense = ForgettingBias(F_all[None, None]).materialize()[0, 0]
     i = torch.tensor([5, 2999, 2999, 1500])
     j = torch.tensor([0, 2998, 0, 1490])
-    errors = fg.difference_errors(F_all, i, j)
+    errors = forgetting.difference_errors(F_all, i, j)
     exact = F_all[i] - F_all[j]
     assert torch.equal(errors["split"], (dense[i, j].double() - exact).abs())
     naive = (F_all.float()[i] - F_all.float()[j]).double()
@@ -34,9 +34,9 @@ def test_difference_errors_match_the_prepared_bias():
 
 def test_gate_row_is_the_last_querys_bias():
     log_f = -torch.rand(20, dtype=torch.float64)
-    row = fg.gate_row(log_f)
+    row = forgetting.gate_row(log_f)
     assert row[-1] == 0 and torch.allclose(row[3], log_f[4:].sum())
-    slope = fg.gate_row(torch.full((10,), -0.5, dtype=torch.float64))
+    slope = forgetting.gate_row(torch.full((10,), -0.5, dtype=torch.float64))
     assert torch.allclose(slope, -0.5 * torch.arange(9, -1, -1, dtype=torch.float64))
 
 
@@ -54,7 +54,7 @@ def test_gate_log_forget_reads_each_layers_gate_input():
         model(data[:32].long().view(4, 8))
     for h in hooks:
         h.remove()
-    log_f, ids = fg.gate_log_forget(model, data, 8, 4)
+    log_f, ids = forgetting.gate_log_forget(model, data, 8, 4)
     assert log_f.shape == (2, 2, 32) and torch.equal(ids, data[:32].long())
     for layer, (gate, h) in enumerate(zip(model.gates(), seen)):
         with torch.no_grad():
@@ -65,14 +65,14 @@ def test_gate_log_forget_reads_each_layers_gate_input():
 def test_forget_by_byte_and_head_rows():
     ids = torch.tensor([10, 32, 97, 10, 32, 97] * 10)
     log_f = torch.tensor([-3.0, -1.0, -0.1] * 20)
-    rows = fg.forget_by_byte(log_f, ids)
+    rows = forgetting.forget_by_byte(log_f, ids)
     assert [r[0] for r in rows] == [10, 32, 97] and rows[0][1] == 20
     assert math.isclose(rows[0][2], -3.0)
-    table, headers = fg.gate_head_rows(log_f.view(1, 1, -1), ids)
+    table, headers = forgetting.gate_head_rows(log_f.view(1, 1, -1), ids)
     assert len(table) == 1 and len(table[0]) == len(headers)
     assert math.isclose(table[0][4], math.log(2) / (4.1 / 3), rel_tol=1e-6)
     assert table[0][-1] == "newline, space, a"
-    assert [fg.byte_name(b) for b in (9, 10, 32, 65, 200)] == [
+    assert [forgetting.byte_name(b) for b in (9, 10, 32, 65, 200)] == [
         "tab",
         "newline",
         "space",

@@ -1,0 +1,47 @@
+"""Chapter 3's helpers: the climb of a read-back table's far end, and the figure that draws both."""
+
+from __future__ import annotations
+
+import matplotlib
+import pytest
+
+from relbias.book import figures as fg
+from relbias.lab import stats
+
+matplotlib.use("Agg")
+
+
+def test_edge_above_min_reads_the_farthest_offset():
+    rows = [[0.0, -2.0, -1.0, -1.5], [0.0, -1.0, -2.0, -3.0]]
+    res = {
+        "provenance": {"config": {"train_len": 2}},
+        "methods": {"t5": {"seeds": {"0": {"learned_bias": {"values": rows}}}}},
+    }
+    far = stats.edge_above_min(res, "t5", -1)
+    assert far["values"] == [pytest.approx(0.5), 0.0] and far["above"] == 1
+    assert far["below_max"] == (-3.0, -1.5)
+    edge = stats.edge_above_min(res, "t5")  # default: offset m_l - 1 = 1
+    assert edge["values"] == [0.0, 0.0] and edge["above"] == 0
+
+
+def test_plot_t5_far_end_draws_both_runs_and_a_full_legend():
+    spec = {"num_buckets": 4, "dist_max": 5}
+    short = {
+        "provenance": {"config": {"train_len": 4, "steps": 3000}},
+        "methods": {
+            "t5_small": {
+                "variant": spec,
+                "seeds": {"0": {"bucket_table": [[0.0, 1.0, -2.0, -1.0], [0.0, -1.0, 0.5, 0.0]]}},
+            }
+        },
+    }
+    longer = {
+        "provenance": {"config": {"train_len": 4, "steps": 15000}},
+        "methods": {"t5": {"seeds": {"0": {"learned_bias": {"values": [[0.0] * 8, [1.0] * 8]}}}}},
+    }
+    fig = fg.plot_t5_far_end(short, longer, variant="t5_small")
+    left, right = fig.axes
+    assert len(left.get_lines()) == 2 * 2 + 1 and len(right.get_lines()) == 2 + 1
+    assert left.get_title() == "3,000 steps, seed 0" and "bytes" in left.get_xlabel()
+    names = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert names == ["head 0", "head 1", "as trained", "far buckets set to the minimum"]

@@ -1,0 +1,101 @@
+"""Chapter 6's helpers: reading an ablation's interventions (relbias.lab.interventions)."""
+
+from __future__ import annotations
+
+import pytest
+
+from relbias.lab import interventions
+from relbias.lab import plots as lab_plots
+from relbias.lab.stats import interval
+
+
+def _rows(values_by_factor: dict) -> list[dict]:
+    return [{"factor": f, "length": 128 * f, "bpb": v} for f, v in values_by_factor.items()]
+
+
+def _summary_rows(per_seed: list[dict]) -> list[dict]:
+    out = []
+    for f in per_seed[0]:
+        iv = interval([seed[f] for seed in per_seed])
+        out.append(
+            {
+                "factor": f,
+                "length": 128 * f,
+                "bpb": iv["mean"],
+                "bpb_low": iv["low"],
+                "bpb_high": iv["high"],
+                "n": iv["n"],
+            }
+        )
+    return out
+
+
+def ablation(plain: list[dict], changed: list[dict]) -> dict:
+    """A stored ablation of one method, seeds 0.., with one intervention ``clamp``."""
+    seeds = {
+        str(s): {"eval": _rows(p), "interventions": {"clamp": {"eval": _rows(c)}}}
+        for s, (p, c) in enumerate(zip(plain, changed))
+    }
+    return {
+        "methods": {
+            "fire": {
+                "eval": _summary_rows(plain),
+                "seeds": seeds,
+                "interventions": {"clamp": {"eval": _summary_rows(changed)}},
+            }
+        }
+    }
+
+
+PLAIN = [{1: 2.0, 16: 3.0}, {1: 2.1, 16: 3.2}, {1: 1.9, 16: 2.9}]
+
+
+def test_intervention_at_reads_the_summary():
+    changed = [{1: 2.0, 16: 2.1}, {1: 2.1, 16: 2.2}, {1: 1.9, 16: 2.0}]
+    results = ablation(PLAIN, changed)
+    got = interventions.intervention_at(results, "fire", "clamp", 16)
+    want = interval([2.1, 2.2, 2.0])
+    assert got["mean"] == pytest.approx(want["mean"]) and got["n"] == 3
+    assert got["low"] == pytest.approx(want["low"]) and got["high"] == pytest.approx(want["high"])
+    with pytest.raises(ValueError, match="intervention must be one of"):
+        interventions.intervention_at(results, "fire", "nothing", 16)
+
+
+def test_intervention_effect_is_paired_by_seed():
+    # every seed lowered by about 0.9-1.0: the change's interval lies below 0
+    changed = [{1: 2.0, 16: 2.1}, {1: 2.1, 16: 2.2}, {1: 1.9, 16: 2.0}]
+    effect = interventions.intervention_effect(ablation(PLAIN, changed), "fire", "clamp", 16)
+    assert effect["verdict"] == "lowers"
+    assert effect["mean"] == pytest.approx(-0.9333333, abs=1e-6)
+    # no change at 1x: the interval is a point at 0, neither side
+    same = interventions.intervention_effect(ablation(PLAIN, changed), "fire", "clamp", 1)
+    assert same["verdict"] == "no change beyond the interval"
+    # raised by seed-dependent amounts that all exceed 0
+    raised = [{1: 2.0, 16: 3.5}, {1: 2.1, 16: 3.6}, {1: 1.9, 16: 3.3}]
+    raised_effect = interventions.intervention_effect(ablation(PLAIN, raised), "fire", "clamp", 16)
+    assert raised_effect["verdict"] == "raises"
+    # one seed: no verdict
+    one = ablation(PLAIN[:1], changed[:1])
+    assert interventions.intervention_effect(one, "fire", "clamp", 16)["verdict"] == (
+        "one seed, no verdict"
+    )
+
+
+def test_plot_interventions_draws_one_point_per_reading():
+    changed = [{1: 2.0, 16: 2.1}, {1: 2.1, 16: 2.2}, {1: 1.9, 16: 2.0}]
+    fig = lab_plots.plot_interventions(ablation(PLAIN, changed), ["fire"], ["clamp"], 16)
+    ax = fig.axes[0]
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["as trained", "clamp"]
+    means = ax.containers[0].lines[0].get_ydata()
+    assert list(means) == pytest.approx([interval([3.0, 3.2, 2.9])["mean"], 2.1])
+
+
+def test_intervention_effect_against_the_training_length():
+    # clamped at 16x against the model's own 1x reading: per seed +0.1, +0.1, +0.1
+    changed = [{1: 2.0, 16: 2.1}, {1: 2.1, 16: 2.2}, {1: 1.9, 16: 2.0}]
+    effect = interventions.intervention_effect(
+        ablation(PLAIN, changed), "fire", "clamp", 16, against=1
+    )
+    assert effect["mean"] == pytest.approx(0.1) and effect["n"] == 3
+    # a constant change has no spread: the interval is the point 0.1, above 0
+    assert effect["verdict"] == "raises"

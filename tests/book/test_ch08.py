@@ -1,0 +1,171 @@
+"""Chapter 8's library changes: the finding's narrow table, and figures whose labels say
+bytes and whose legends sit off the data."""
+
+from __future__ import annotations
+
+import matplotlib
+import pytest
+
+from relbias.book import overview, sweeps
+from relbias.lab import get_config, stats
+from relbias.lab import plots as lab_plots
+from relbias.lab.experiments import summarize_extrapolation
+
+matplotlib.use("Agg")
+
+FACTORS = (1, 2, 4)
+
+
+def _record(bpbs, seed):
+    curve = [{"step": s, "bpb": 3.0 - s / 1000 + 0.01 * seed} for s in (0, 500, 1000)]
+    return {
+        "params": 10,
+        "train": {
+            "steps": 1000,
+            "final_loss_bits": 2.0,
+            "wall_s": 1.0,
+            "tokens_per_s": 1.0,
+            "val_curve": curve,
+        },
+        "eval": [
+            {
+                "factor": f,
+                "length": 16 * f,
+                "bytes": 131072,
+                "files": 20,
+                "bpb": b,
+                "loss_by_position": [b] * (16 * f),
+            }
+            for f, b in zip(FACTORS, bpbs)
+        ],
+    }
+
+
+def _results(per_method, steps=1000):
+    """A stored-format sweep from ``{method: [[bpb per factor] per seed]}``."""
+    methods = {
+        m: summarize_extrapolation({s: _record(b, s) for s, b in enumerate(seeds)})
+        for m, seeds in per_method.items()
+    }
+    return {
+        "kind": "extrapolation",
+        "methods": methods,
+        "seeds": [0, 1, 2],
+        "provenance": {"config": {"train_len": 16, "steps": steps}, "wall_s": 60.0},
+    }
+
+
+def _sweep(steps=1000):
+    return _results(
+        {
+            "alibi": [[2.0, 1.9, 1.8], [2.1, 2.0, 1.9], [2.2, 2.1, 2.0]],  # improves
+            "rope": [[1.0, 2.0, 3.0], [1.1, 2.2, 3.3], [0.9, 2.1, 3.1]],  # degrades
+            "nope": [[2.0, 2.1, 1.9], [2.0, 1.9, 2.1], [2.0, 2.0, 2.0]],  # neither
+        },
+        steps,
+    )
+
+
+def test_short_verdict_names_every_verdict_of_trend():
+    res = _sweep()
+    words = {m: sweeps.short_verdict(stats.trend(res, m)) for m in res["methods"]}
+    assert words == {"alibi": "improves", "rope": "degrades", "nope": "neither"}
+    assert set(sweeps.SHORT_VERDICT) >= {
+        "improves",
+        "degrades",
+        "neither degrades nor improves beyond the interval",
+        "one seed, no verdict",
+    }
+
+
+def test_change_table_is_narrow_and_agrees_with_trend():
+    res = _sweep()
+    rows, headers = sweeps.change_table(res, ["rope", "alibi"])
+    assert headers == ["method", "1x", "4x", "change", "verdict"]
+    assert [r[0] for r in rows] == ["rope", "alibi"]
+    rope = rows[0]
+    assert rope[1] == sweeps.show_interval(stats.at_factor(res, "rope", 1))
+    assert rope[2] == sweeps.show_interval(stats.at_factor(res, "rope", 4))
+    assert rope[3] == sweeps.show_interval(stats.trend(res, "rope"))
+    assert rope[4] == "degrades" and rows[1][4] == "improves"
+    # an explicit end: the change to 2x
+    rows2, headers2 = sweeps.change_table(res, ["rope"], end=2)
+    assert headers2[2] == "2x" and rows2[0][3] == sweeps.show_interval(
+        stats.trend(res, "rope", end=2)
+    )
+
+
+def _legends_on_axes(fig):
+    return [ax.get_legend() for ax in fig.axes if ax.get_legend() is not None]
+
+
+def test_plot_sweep_says_bytes_and_keeps_its_legend_off_the_panels():
+    fig = lab_plots.plot_sweep(_sweep(), ["alibi", "rope"])
+    left, right = fig.axes
+    assert "bytes" in left.get_xlabel()
+    assert [t.get_text() for t in left.get_xticklabels()] == ["16", "32", "64"]
+    assert not _legends_on_axes(fig), "no legend on a panel"
+    assert len(fig.legends) == 1
+    assert [t.get_text() for t in fig.legends[0].get_texts()] == ["alibi", "rope"]
+    assert len(right.get_ylabel()) < 40  # short enough not to run into the left panel
+
+
+def test_plot_longer_training_labels_the_left_panel_only():
+    short, longer = _sweep(), _sweep(steps=5000)
+    fig = lab_plots.plot_longer_training(short, longer, [["alibi"], ["rope", "nope"]])
+    assert fig.axes[0].get_ylabel() and not fig.axes[1].get_ylabel()
+
+
+def test_plot_probe_puts_one_legend_below_the_panels():
+    from relbias.lab.experiments import summarize_retrieval
+
+    def rec(acc):
+        return {
+            "params": 1,
+            "train": {"steps": 1, "final_loss_bits": 1.0, "wall_s": 1.0, "tokens_per_s": 1.0},
+            "eval": [
+                {"length": n, "distance": d, "accuracy": acc, "samples": 10}
+                for n in (16, 64)
+                for d in (3, n - 2)
+            ],
+        }
+
+    method = summarize_retrieval({0: rec(1.0), 1: rec(0.9), 2: rec(0.8)})
+    res = {
+        "kind": "retrieval",
+        "methods": {"alibi": method, "nope": method},
+        "seeds": [0, 1, 2],
+        "provenance": {"config": {"train_len": 16, "steps": 1, "probe_steps": 5}},
+    }
+    fig = lab_plots.plot_probe(res, ["alibi", "nope"])
+    assert len(fig.axes) == 2 and not _legends_on_axes(fig) and len(fig.legends) == 1
+
+
+def test_plot_sweep_groups_says_bytes_and_puts_each_legend_below_its_panel():
+    fig = overview.plot_sweep_groups(_sweep(), {"a": ("alibi",), "b": ("rope", "nope")})
+    fig.canvas.draw()
+    for ax in fig.axes:
+        assert ax.get_xlabel() == "evaluation length (bytes)"
+        legend = ax.get_legend()
+        assert legend is not None
+        below = legend.get_window_extent().y1 <= ax.get_window_extent().y0
+        assert below, "the legend sits below its panel, off the data"
+
+
+@pytest.mark.parametrize(
+    ("name", "expected"),
+    [("alibi", "2,047 per head"), ("fire", "MLP at 1,048,576 pairs"), ("nope", "none")],
+)
+def test_bias_values_computed_is_short(name, expected):
+    assert overview.bias_values_computed(name, get_config("medium"), 1024) == expected
+
+
+def test_table_2_4_reports_the_change_in_bits_with_short_headers():
+    res = _sweep()
+    res = {**res, "methods": {"alibi": res["methods"]["alibi"], "nope": res["methods"]["nope"]}}
+    rows, headers = overview.table_2_4_rows(res, get_config("quick"))
+    assert headers[-1] == "4x − 1x" and all(len(h) <= 20 for h in headers)
+    alibi = rows[0]
+    bpb = [r["bpb"] for r in res["methods"]["alibi"]["eval"]]
+    assert alibi[0] == "alibi" and alibi[-1] == round(bpb[-1] - bpb[0], 2)
+    assert alibi[3] == 0 and rows[1][3] == 0  # no learned positional parameters

@@ -1,0 +1,81 @@
+"""The helpers chapter 9 (the forget gate) adds: the numerical trap of a float32 F."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from relbias.book import forgetting
+
+
+def _gates(n: int, rate: float, seed: int = 0) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(seed)
+    return (-2 * rate * torch.rand(n, generator=generator)).float()
+
+
+def test_float32_cumulative_rounds_after_every_addition():
+    log_f = _gates(5000, 2.0)
+    summed = forgetting.float32_cumulative(log_f)
+    assert summed.dtype == torch.float32 and summed.shape == log_f.shape
+    running = np.float32(0)
+    for k, value in enumerate(log_f.numpy()):
+        running = np.float32(running + value)
+        if k in (0, 1, 999, 4999):
+            assert summed[k].item() == running
+    # and it is not the float64 sum rounded once
+    exact = torch.cumsum(log_f.double(), 0)
+    assert (summed.double() - exact).abs().max() > (exact.float().double() - exact).abs().max()
+
+
+def test_trap_errors_ways_and_their_order():
+    log_f = _gates(20000, 2.5)
+    offsets = [1, 16, 256, 4096]
+    errors = forgetting.trap_errors(log_f, offsets, queries=64)
+    assert set(errors) == set(forgetting.TRAP_WAYS)
+    assert all(len(v) == len(offsets) for v in errors.values())
+    # the float32 sum's error grows with the offset; the split is float32's rounding near the
+    # diagonal; an exactly summed F stored in float32 is off by about an ulp of F
+    assert errors["float32 sum"][-1] > 10 * errors["float32 sum"][0]
+    assert errors["split"][0] <= errors["rounding"][0] + 1e-12
+    assert errors["float32 F"][0] > 100 * errors["split"][0]
+    assert errors["float32 F"][0] <= 2.0 ** (math.floor(math.log2(2.5 * 20000)) - 23)
+    # the same draw for the same seed
+    assert forgetting.trap_errors(log_f, offsets, queries=64) == errors
+    with pytest.raises(ValueError):
+        forgetting.trap_errors(log_f, [20000])
+
+
+def test_first_query_off_by_comes_sooner_for_faster_gates():
+    fast = _gates(40000, 2.5)
+    slow = fast * (0.1 / 2.5)
+    first_fast = forgetting.first_query_off_by(fast, 1e-3)
+    first_slow = forgetting.first_query_off_by(slow, 1e-3)
+    assert first_fast is not None and first_fast > 0
+    assert first_slow is None or first_slow > first_fast
+    assert forgetting.first_query_off_by(fast, 1e9) is None
+    # the position found is one whose nearest keys are off by more than the threshold
+    summed = forgetting.float32_cumulative(fast).double()
+    exact = torch.cumsum(fast.double(), 0)
+    i = first_fast
+    worst = max(
+        abs(float((summed[i] - summed[i - d]) - (exact[i] - exact[i - d])))
+        for d in range(1, min(64, i) + 1)
+    )
+    assert worst > 1e-3
+
+
+def test_plot_trap_errors_has_one_panel_per_entry_and_a_legend_below():
+    log_f = _gates(3000, 1.0)
+    offsets = [1, 4, 64]
+    panels = {
+        "a": forgetting.trap_errors(log_f, offsets),
+        "b": forgetting.trap_errors(log_f / 10, offsets),
+    }
+    fig = forgetting.plot_trap_errors(offsets, panels)
+    axes = fig.get_axes()
+    assert len(axes) == 2 and [ax.get_title() for ax in axes] == ["a", "b"]
+    assert all(ax.get_legend() is None for ax in axes) and len(fig.legends) == 1
+    assert len(axes[0].get_lines()) == len(forgetting.TRAP_WAYS)
