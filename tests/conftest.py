@@ -128,3 +128,19 @@ def tiny_corpus():
     from relbias.lab.data import load_corpus
 
     return load_corpus(max_bytes=TINY_CONFIG_FIELDS["corpus_bytes"])
+
+
+def legends_off_the_panels(fig) -> bool:
+    """Whether no legend of ``fig`` (on an axes or on the figure) overlaps any panel."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    canvas = FigureCanvasAgg(fig)
+    canvas.draw()
+    renderer = canvas.get_renderer()
+    legends = [ax.get_legend() for ax in fig.axes if ax.get_legend() is not None]
+    legends += list(fig.legends)
+    assert legends, "the figure has no legend"
+    boxes = [ax.get_window_extent(renderer) for ax in fig.axes]
+    return not any(
+        leg.get_window_extent(renderer).overlaps(box) for leg in legends for box in boxes
+    )

@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import math
 
-from relbias.book.display import glue
-from relbias.lab.results import describe
+from relbias.book.display import glue, show_table
+from relbias.lab.results import describe, seed_count
 from relbias.lab.stats import accuracy_at, at_factor, trend
 
 __all__ = [
     "accuracy_table",
     "bpb_table",
+    "beside_stored",
     "bpb_table_by_length",
     "change_table",
     "far_accuracy_table",
@@ -153,3 +154,53 @@ def glue_sweep(prefix: str, results: dict, methods) -> dict:
         glue(f"{prefix}_{m}_trend", trends[m]["verdict"])
         glue(f"{prefix}_{m}_change", show_interval(trends[m]))
     return {"describe": info, "trend": trends}
+
+
+# --- a chapter's live run beside the stored sweep (issue 30) ---------------------------------
+
+#: The settings that make two runs of one method the same experiment (besides the seed).
+SAME_RUN = ("train_len", "steps", "batch_size", "dim", "depth", "heads", "lr", "corpus_bytes")
+
+
+def beside_stored(live: dict, stored: dict, config, *, display: bool = True):
+    """A chapter's live runs beside the stored sweep's interval for the same methods.
+
+    ``live``: ``{method: rows}``, the rows of :func:`relbias.lab.evaluation.evaluate_lengths`
+    (``factor``, ``bpb``) of each model the chapter trained with ``config``; ``stored``: a
+    sweep of :func:`relbias.lab.results.load_stored` that holds every method. One row per
+    method and factor the two share: the live bits per byte and the stored mean [95 %
+    interval] over seeds. The caption says whether the two ran the same configuration (then
+    the live run is one more seed of the stored experiment, as on a GPU, which trains the
+    stored sweeps' configuration) or not (as on a CPU: compare how each changes with the
+    length, not the numbers). Shows the table (or returns it with ``display=False``)."""
+    kept = stored["provenance"]["config"]
+    rows = []
+    for method, live_rows in live.items():
+        if method not in stored["methods"]:
+            raise ValueError(
+                f"live methods must be among the stored {sorted(stored['methods'])}, got {method!r}"
+            )
+        bpb = {row["factor"]: row["bpb"] for row in live_rows}
+        shared = [r["factor"] for r in stored["methods"][method]["eval"] if r["factor"] in bpb]
+        if not shared:
+            raise ValueError(f"the live rows of {method!r} share no factor with the stored sweep")
+        rows += [
+            [method, f"{f}x", bpb[f], show_interval(at_factor(stored, method, f))] for f in shared
+        ]
+    same = all(getattr(config, k, None) == kept.get(k) for k in SAME_RUN)
+    headers = [
+        "method",
+        "window",
+        f"live: {config.name}, seed {config.seed}",
+        f"stored: {kept.get('name', '?')}, {seed_count(stored, next(iter(live)))} seeds",
+    ]
+    if same:
+        why = "the same configuration: the live run is one more seed of the stored sweep"
+    else:
+        why = (
+            f"not the same configuration (live: training length {config.train_len}, "
+            f"{config.steps} steps; stored: {kept['train_len']}, {kept['steps']} steps), so "
+            "compare how each changes with the length, not the numbers"
+        )
+    caption = f"Bits per byte, the live run beside the stored sweep: {why}."
+    return show_table(rows, headers, floatfmt=".2f", caption=caption, display=display)

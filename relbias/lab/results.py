@@ -215,8 +215,8 @@ def write_compact_copies(folder=None) -> list[Path]:
 
 
 def load_results(path_or_name, *, raw: bool = False) -> dict:
-    """Read a result: a path, or the name of a stored one (``load_results("quick_extrapolation")``
-    reads ``relbias/lab/results/compact/quick_extrapolation.json``; ``raw=True`` the raw file,
+    """Read a result: a path, or the name of a stored one (``load_results("extrapolation_quick")``
+    reads ``relbias/lab/results/compact/extrapolation_quick.json``; ``raw=True`` the raw file,
     which only a checkout has)."""
     return read_json(path_or_name, RESULTS_DIR if raw else COMPACT_DIR, what="result")
 

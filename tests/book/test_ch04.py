@@ -4,27 +4,12 @@ no data."""
 from __future__ import annotations
 
 import torch
+from conftest import legends_off_the_panels
 
 import relbias
 from relbias.book import figures as fg
 from relbias.book import plots
 from relbias.lab.results import describe
-
-
-def legends_off_the_panels(fig) -> bool:
-    """Whether no legend of ``fig`` (on an axes or on the figure) overlaps any panel."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-
-    canvas = FigureCanvasAgg(fig)
-    canvas.draw()
-    renderer = canvas.get_renderer()
-    legends = [ax.get_legend() for ax in fig.axes if ax.get_legend() is not None]
-    legends += list(fig.legends)
-    assert legends, "the figure has no legend"
-    boxes = [ax.get_window_extent(renderer) for ax in fig.axes]
-    return not any(
-        leg.get_window_extent(renderer).overlaps(box) for leg in legends for box in boxes
-    )
 
 
 def test_alibi_slopes_figure_keeps_legends_off_the_panels_and_draws_every_count():

@@ -6,25 +6,10 @@ import math
 
 import pytest
 import torch
+from conftest import legends_off_the_panels
 
 import relbias
 from relbias.book import figures as fg
-
-
-def legends_off_the_panels(fig) -> bool:
-    """Whether no legend of ``fig`` (on an axes or on the figure) overlaps any panel."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-
-    canvas = FigureCanvasAgg(fig)
-    canvas.draw()
-    renderer = canvas.get_renderer()
-    legends = [ax.get_legend() for ax in fig.axes if ax.get_legend() is not None]
-    legends += list(fig.legends)
-    assert legends, "the figure has no legend"
-    boxes = [ax.get_window_extent(renderer) for ax in fig.axes]
-    return not any(
-        leg.get_window_extent(renderer).overlaps(box) for leg in legends for box in boxes
-    )
 
 
 def test_kerple_settings_hold_exactly_the_values_given():

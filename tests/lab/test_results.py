@@ -44,6 +44,25 @@ def test_compact_drops_only_per_step_losses_and_per_seed_positions():
     assert full["methods"]["alibi"]["seeds"]["0"]["train"]["losses"] == [3.0, 2.0, 1.0]
 
 
+def test_compact_keeps_each_seeds_loss_within_and_past_the_training_length():
+    """A compact copy replaces a seed's loss by position (past the training length) with the
+    two means a chapter reads, and loss_within_and_past gives the same from either."""
+    from relbias.lab.stats import loss_within_and_past
+
+    full = _sweep()
+    train_len = full["provenance"]["config"]["train_len"]
+    for s, offset in (("0", 0.0), ("1", 0.5)):
+        positions = [1.0 + offset + 0.01 * i for i in range(4 * train_len)]
+        row = {"factor": 4, "length": 4 * train_len, "bpb": 2.0, "loss_by_position": positions}
+        full["methods"]["alibi"]["seeds"][s] = {"eval": [row]}
+    small = results.compact(full)
+    kept = small["methods"]["alibi"]["seeds"]["1"]["eval"][0]
+    assert "loss_by_position" not in kept
+    assert kept["within_train_len_bpb"] == pytest.approx(1.5 + 0.01 * (train_len - 1) / 2)
+    raw, compact = loss_within_and_past(full, "alibi"), loss_within_and_past(small, "alibi")
+    assert raw == compact and raw["past"]["mean"] > raw["within"]["mean"]
+
+
 def test_write_results_writes_the_raw_file_and_its_compact_copy(tmp_path, monkeypatch):
     path = results.write_results(_sweep(), tmp_path / "extrapolation_quick.json")
     assert json.loads(path.read_text()) == _sweep()
