@@ -28,8 +28,9 @@ It writes ``gpu_check.json`` (updated after every stage, with provenance) into `
     is done (``relbias.lab.cli.save``), so that a budget cut keeps what finished.
 ``train``
     alibi, t5, fire and nope (``--methods``) trained for ``--steps`` steps in the
-    reader's configuration (``quick``, what a chapter runs on any runtime), then
-    evaluated at 1x, 4x and 16x the training length: steps/s, peak memory, bits per byte.
+    configuration a chapter trains on a GPU (``relbias.book.runtime.GPU_CONFIG``, the stored
+    sweeps' ``medium``), then evaluated at 1x, 4x and 16x the training length: steps/s
+    (what sizes a chapter's GPU demo), peak memory, bits per byte.
 ``train_t4``
     the same under a T4-sized memory cap (15 GB, ``torch.cuda.set_per_process_memory_fraction``)
     with float16 autocast and a gradient scaler, as on a T4 (compute capability 7.5), and
@@ -38,9 +39,6 @@ It writes ``gpu_check.json`` (updated after every stage, with provenance) into `
     FlexAttention forward and backward for every family against the materialised path,
     in float32 and bfloat16 at two lengths: largest errors of the output and of the
     gradients of q, k, v and the bias's parameters, and FlexAttention's compile counts.
-``flex_speed``
-    FlexAttention forward and forward + backward time for every family in bfloat16 up to
-    32,768 tokens, against FlexAttention with no bias.
 ``cpu_vs_gpu``
     the weights trained in ``train`` evaluated on the CPU (float32) and on the GPU with
     and without autocast: the differences in bits per byte.
@@ -71,6 +69,7 @@ if str(ROOT) not in sys.path:  # run from a checkout without installing the pack
     sys.path.insert(0, str(ROOT))
 
 import relbias  # noqa: E402
+from relbias.book.runtime import GPU_CONFIG  # noqa: E402
 from relbias.lab import config as lab_config  # noqa: E402
 from relbias.lab import device as lab_device  # noqa: E402
 from relbias.lab import evaluation, training  # noqa: E402
@@ -538,7 +537,7 @@ class Context:
             overrides = {"dim": 32, "heads": 4, "eval_tokens": 512, "train_len": 32}
             self.full_overrides = {**overrides, "steps": 3, "eval_factors": (1, 2), "val_every": 0,
                                    "eval_spread": False, "corpus_bytes": 200_000}  # fmt: skip
-        self.config = lab_config.get_config("quick", **overrides)
+        self.config = lab_config.get_config(GPU_CONFIG, **overrides)
         corpus_bytes = 200_000 if args.smoke else self.config.corpus_bytes
         self.corpus = load_corpus(max_bytes=corpus_bytes)
         self.trained: dict = {}

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Everything CI checks, in order: set-up (idempotent), ruff (lint and format), the book build
 # (the browser test reads _build/html), then ONE pytest run over tests/ and the notebooks
-# in book/ (validated with nbval), which prints its slowest tests.
+# in book/ (validated with nbval), spread over one worker per core, which prints its slowest
+# tests.
 #
 #   bash scripts/test.sh            everything (CI runs this)
 #   bash scripts/test.sh --quick    the quick tier for iteration: ruff and the tests not
@@ -37,6 +38,11 @@ else
     echo "[test] book built in $((SECONDS - t0)) s"
     targets=(tests book)
     pytest_args=(--nbval --nbval-kernel-name python3 --nbval-sanitize-with book/sanitize.cfg)
+    # One worker per core (pytest-xdist), each test file and each notebook on one worker
+    # (a notebook's cells run in order in one kernel), and one torch thread per worker and
+    # per notebook kernel, so that the workers share the cores instead of contending.
+    pytest_args+=(--numprocesses auto --dist loadfile)
+    export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
 fi
 echo "[test] pytest ${targets[*]} ${pytest_args[*]} $*"
 rc=0

@@ -18,7 +18,7 @@ from relbias import __version__
 from relbias.lab.config import Config, get_config
 from relbias.lab.device import pick_device, seed_everything
 
-__all__ = ["GPU_CONFIG", "Runtime", "choose_config", "in_colab", "runtime_banner"]
+__all__ = ["CPU_REASON", "GPU_CONFIG", "Runtime", "choose_config", "in_colab", "runtime_banner"]
 
 
 @dataclass(frozen=True)
@@ -48,6 +48,10 @@ def _use_png_figures() -> None:
             pass
 
 
+#: Why a CPU runs ``quick``: the same words with and without ``CI``, so that a reader's CPU
+#: run prints what the stored outputs (a CI-like run) print.
+CPU_REASON = "on a CPU: the small configuration (a GPU trains the stored sweeps' one)"
+
 #: The configuration a chapter's live demo runs on a GPU: the stored sweeps' own, so that the
 #: live result can stand beside the stored interval of the same method.
 GPU_CONFIG = "medium"
@@ -57,18 +61,19 @@ def choose_config(device: torch.device, config: str | None = None) -> tuple[str,
     """The configuration a chapter runs on ``device``, and why, in words.
 
     ``config`` if given; else ``quick`` whenever ``CI`` is set (the book's stored outputs
-    come from a quick CPU run, which CI reproduces); else the environment variable
-    ``RELBIAS_CONFIG`` if set; else :data:`GPU_CONFIG` on a CUDA GPU and ``quick`` elsewhere.
+    come from a quick CPU run, which CI reproduces; the reason printed is the CPU's); else
+    the environment variable ``RELBIAS_CONFIG`` if set; else :data:`GPU_CONFIG` on a CUDA
+    GPU and ``quick`` elsewhere.
     """
     if config is not None:
         return config, "asked for"
-    if os.environ.get("CI"):
-        return "quick", "CI runs the quick configuration on the CPU"
+    if os.environ.get("CI"):  # CI runs on the CPU and must print what a reader's CPU prints
+        return "quick", CPU_REASON
     if os.environ.get("RELBIAS_CONFIG"):
         return os.environ["RELBIAS_CONFIG"], "RELBIAS_CONFIG"
     if device.type == "cuda":
         return GPU_CONFIG, "on a GPU: the stored sweeps' configuration"
-    return "quick", "on a CPU: the small configuration (a GPU runs the stored sweeps' one)"
+    return "quick", CPU_REASON
 
 
 def runtime_banner(config: str | None = None, *, seed: int = 0, verbose: bool = True) -> Runtime:
