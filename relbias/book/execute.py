@@ -24,6 +24,27 @@ from nbclient import NotebookClient
 __all__ = ["chapter_report", "execute_notebook", "main"]
 
 
+def _execute(nb, path: Path, env, timeout: int, kernel_name: str, **client_options) -> None:
+    """Run ``nb`` in its folder (``path``'s), its kernel started with the environment
+    ``env`` (None: this process's), and give this process its environment back after."""
+    saved = dict(os.environ)
+    if env is not None:
+        os.environ.clear()
+        os.environ.update(env)
+    try:
+        NotebookClient(
+            nb,
+            timeout=timeout,
+            kernel_name=kernel_name,
+            store_widget_state=False,
+            resources={"metadata": {"path": str(path.parent)}},
+            **client_options,
+        ).execute()
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
 def execute_notebook(path, *, timeout: int = 1800, kernel_name: str = "python3") -> float:
     """Run a chapter top to bottom in the quick configuration and store its outputs.
 
@@ -34,23 +55,8 @@ def execute_notebook(path, *, timeout: int = 1800, kernel_name: str = "python3")
     """
     path = Path(path)
     nb = nbformat.read(path, as_version=4)
-    old = os.environ.get("CI")
-    os.environ["CI"] = "1"
     start = time.perf_counter()
-    try:
-        NotebookClient(
-            nb,
-            timeout=timeout,
-            kernel_name=kernel_name,
-            store_widget_state=False,
-            record_timing=False,
-            resources={"metadata": {"path": str(path.parent)}},
-        ).execute()
-    finally:
-        if old is None:
-            os.environ.pop("CI", None)
-        else:
-            os.environ["CI"] = old
+    _execute(nb, path, {**os.environ, "CI": "1"}, timeout, kernel_name, record_timing=False)
     nb.metadata.pop("widgets", None)
     nbformat.write(nb, path)
     return time.perf_counter() - start
@@ -76,23 +82,8 @@ def chapter_report(path, *, timeout: int = 1800, kernel_name: str = "python3", e
     path = Path(path)
     nb = nbformat.read(path, as_version=4)
     nb.cells.append(nbformat.v4.new_code_cell(_PEAK_CELL))
-    saved = dict(os.environ)
-    if env is not None:
-        os.environ.clear()
-        os.environ.update(env)
     start = time.perf_counter()
-    try:
-        NotebookClient(
-            nb,
-            timeout=timeout,
-            kernel_name=kernel_name,
-            allow_errors=True,
-            store_widget_state=False,
-            resources={"metadata": {"path": str(path.parent)}},
-        ).execute()
-    finally:
-        os.environ.clear()
-        os.environ.update(saved)
+    _execute(nb, path, env, timeout, kernel_name, allow_errors=True)
     seconds = time.perf_counter() - start
     failed, claims, banner, peak = [], 0, None, None
     for index, cell in enumerate(nb.cells):
