@@ -8,7 +8,9 @@
 #   bash scripts/test.sh --quick    the quick tier for iteration: ruff and the tests not
 #                                   marked slow or browser; no book build, no notebooks
 #
-# Other arguments go to pytest after these (e.g. `bash scripts/test.sh --quick -x -k fire`).
+# Other arguments go to pytest after these (e.g. `bash scripts/test.sh --quick -x -k fire`;
+# `bash scripts/test.sh --store-durations tests/durations.json` refreshes the seconds per
+# file that order the full run, longest first: tests/conftest.py).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -40,8 +42,9 @@ else
     pytest_args=(--nbval --nbval-kernel-name python3 --nbval-sanitize-with book/sanitize.cfg)
     # One worker per core (pytest-xdist), each test file and each notebook on one worker
     # (a notebook's cells run in order in one kernel), and one torch thread per worker and
-    # per notebook kernel, so that the workers share the cores instead of contending.
-    pytest_args+=(--numprocesses auto --dist loadfile)
+    # per notebook kernel, so that the workers share the cores instead of contending. The
+    # files go out longest first (tests/conftest.py, tests/durations.json), not xdist's order.
+    pytest_args+=(--numprocesses auto --dist loadfile --no-loadscope-reorder)
     export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
 fi
 echo "[test] pytest ${targets[*]} ${pytest_args[*]} $*"

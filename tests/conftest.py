@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import os
+from collections import defaultdict
+from pathlib import Path
 
 import pytest
 import torch
@@ -13,6 +16,54 @@ import relbias
 # several times the work on a busy 2-core machine. Set OMP_NUM_THREADS to override.
 if "OMP_NUM_THREADS" not in os.environ:
     torch.set_num_threads(1)
+
+# --- the order of the run: the longest files first ----------------------------------------
+# `scripts/test.sh` spreads whole files over one pytest-xdist worker per core
+# (`--dist loadfile --no-loadscope-reorder`). Handing out the longest files first (the
+# chapters, the browser) lets the short ones fill the gaps at the end, so that no worker waits
+# long for the other. DURATIONS holds each file's seconds in a full run; it only orders the
+# files (a stale or missing entry changes the order, never a result). Refresh it with
+# `bash scripts/test.sh --store-durations tests/durations.json`.
+DURATIONS = Path(__file__).with_name("durations.json")
+
+
+def pytest_addoption(parser):
+    parser.addoption(
+        "--store-durations",
+        metavar="PATH",
+        default=None,
+        help="write each test file's total seconds in this run to PATH (JSON)",
+    )
+
+
+def _file_of(nodeid: str) -> str:
+    return nodeid.split("::", 1)[0]
+
+
+def pytest_collection_modifyitems(config, items):
+    """Files in order of their stored durations, longest first; each file's tests keep
+    their order (a notebook's cells run top to bottom)."""
+    seconds = json.loads(DURATIONS.read_text()) if DURATIONS.is_file() else {}
+    by_file: dict[str, list] = {}
+    for item in items:
+        by_file.setdefault(_file_of(item.nodeid), []).append(item)
+    order = sorted(by_file, key=lambda f: -seconds.get(f, 0.0))  # stable: ties keep theirs
+    items[:] = [item for f in order for item in by_file[f]]
+
+
+_FILE_SECONDS: dict[str, float] = defaultdict(float)
+
+
+def pytest_runtest_logreport(report):
+    _FILE_SECONDS[_file_of(report.nodeid)] += report.duration
+
+
+def pytest_sessionfinish(session):
+    path = session.config.getoption("--store-durations")
+    if path and not hasattr(session.config, "workerinput"):  # the controller, or no xdist
+        totals = {f: round(s, 1) for f, s in sorted(_FILE_SECONDS.items(), key=lambda x: -x[1])}
+        Path(path).write_text(json.dumps(totals, indent=1) + "\n")
+
 
 # Every family with small, explicit settings; FIRE's threshold L is small so that
 # short test sequences reach past it.

@@ -2,9 +2,10 @@
 
 Reads the HTML in ``_build/html`` (built by ``bash scripts/book.sh``; ``scripts/test.sh``
 builds it before running pytest; ``RELBIAS_BOOK_HTML`` names another build) and serves it
-from a local HTTP server. Every page of ``_toc.yml`` is opened in light and dark mode, at
-1400 px and at 390 px (a phone), with every request that leaves the machine blocked (and
-counted as a failure), and the test checks that:
+from a local HTTP server. Every page of ``_toc.yml`` is opened twice, in light mode at 1400 px
+and in dark mode at 390 px (a phone): each mode and each width once, since the colours do not
+depend on the width nor the layout on the mode. Every request that leaves the machine is
+blocked (and counted as a failure), and the test checks that:
 
 - nothing is logged to the console as an error or a warning, no script raises, no request
   fails or answers an HTTP error (a missing MathJax file) and no request leaves the machine;
@@ -14,14 +15,15 @@ counted as a failure), and the test checks that:
   TeX (``$``, ``\\frac``, ``\\[``, ...) is left in the visible text outside code;
 - every table cell's text contrasts with its background (WCAG ratio 4.5 at least);
 - the page is no wider than the viewport, and no printed output is cut or scrolls sideways;
-- every ``<img>`` loaded, and the Colab and Binder launch buttons point at the page's
-  notebook in the repository named in ``_config.yml``;
-- a chapter that calls ``nb.explorer`` has its static explorers in the page, and moving any
-  control of one (as a reader: the arrow keys on a slider, picking an option, a click on a
-  checkbox) shows another figure, with no kernel and no network;
-- the bibliography labels entries "Author et al., Year", as the citations in the text read.
+- every ``<img>`` loaded;
+- and, once per page (in light mode at 1400 px: these do not depend on mode or width): the
+  Colab and Binder launch buttons point at the page's notebook in the repository named in
+  ``_config.yml``; a chapter that calls ``nb.explorer`` has its static explorers in the page,
+  and moving any control of one (as a reader: the arrow keys on a slider, picking an option,
+  a click on a checkbox) shows another figure, with no kernel and no network; the
+  bibliography labels entries "Author et al., Year", as the citations in the text read.
 
-Every problem of a page is reported together. Screenshots are saved under
+Every problem of a page is reported together, and a failing page's screenshot is saved under
 ``artifacts/screenshots/``. The test never downloads a browser: it needs
 ``/usr/bin/chromium`` and fails (not skips) without it. ``test_site_size`` needs no browser:
 the built site without its PNG figures stays under 10 MB.
@@ -46,8 +48,8 @@ HTML = Path(os.environ.get("RELBIAS_BOOK_HTML") or ROOT / "_build" / "html")
 CHROMIUM = Path("/usr/bin/chromium")
 SCREENSHOTS = ROOT / "artifacts" / "screenshots"
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking"]
-MODES = ("light", "dark")
-WIDTHS = (1400, 390)
+# (mode, width): each mode and each width once; the first also checks what depends on neither
+VIEWS = (("light", 1400), ("dark", 390))
 MIN_CONTRAST = 4.5  # WCAG AA for normal text
 SITE_LIMIT = 10 * 1024 * 1024  # bytes, without the PNG figures
 
@@ -442,10 +444,7 @@ def _check_explorers(page, page_name: str, problems: list[str]) -> None:
 
 
 CASES = [
-    pytest.param(p, m, w, id=f"{p.split('/')[-1]}-{m}-{w}")
-    for p in toc_pages()
-    for m in MODES
-    for w in WIDTHS
+    pytest.param(p, m, w, id=f"{p.split('/')[-1]}-{m}-{w}") for p in toc_pages() for m, w in VIEWS
 ]
 
 
@@ -500,35 +499,41 @@ def test_page_in_chromium(browser, server, bibliography, page_name, mode, width)
         if broken:
             problems.append(f"images that did not load: {broken}")
 
-        owner, name, branch = repository()
-        notebook = f"{page_name}.ipynb"
-        if (ROOT / notebook).is_file():
-            hrefs = page.eval_on_selector_all("a[href]", "els => els.map(e => e.href)")
-            colab = (
-                f"https://colab.research.google.com/github/{owner}/{name}/blob/{branch}/{notebook}"
-            )
-            binder = f"https://mybinder.org/v2/gh/{owner}/{name}/{branch}?urlpath=tree/{notebook}"
-            if colab not in hrefs:
-                problems.append(f"no Colab launch button to {colab}")
-            if binder not in hrefs:
-                problems.append(f"no Binder launch button to {binder}")
-
-        labels = [e["label"] for e in page.evaluate(LABELS_JS)]
-        not_author_year = [x for x in labels if not re.fullmatch(r"\[?[^\[\]]+, \d{4}[a-z]?\]?", x)]
-        if not_author_year:
-            problems.append(f"bibliography labels not 'Author, Year': {not_author_year[:5]}")
-        for cite in page.evaluate(CITATIONS_JS):
-            label = bibliography.get(cite["target"])
-            if label is None:
-                problems.append(f"a citation links to no reference: #{cite['target']}")
-            elif _norm_citation(label) not in _norm_citation(cite["text"]):
-                problems.append(f"citation {cite['text']!r} differs from its label {label!r}")
-
-        _check_explorers(page, page_name, problems)  # last: it moves controls
+        if (mode, width) == VIEWS[0]:
+            _check_once_per_page(page, page_name, bibliography, problems)
 
         assert not problems, f"{page_name} ({mode}, {width} px):\n- " + "\n- ".join(problems)
-    finally:
+    except BaseException:
         SCREENSHOTS.mkdir(parents=True, exist_ok=True)
         shot = SCREENSHOTS / f"{page_name.replace('/', '__')}-{mode}-{width}.png"
         page.screenshot(path=str(shot), full_page=True)
+        raise
+    finally:
         context.close()
+
+
+def _check_once_per_page(page, page_name: str, bibliography, problems: list[str]) -> None:
+    """What depends on neither mode nor width: launch buttons, citations, explorers."""
+    owner, name, branch = repository()
+    notebook = f"{page_name}.ipynb"
+    if (ROOT / notebook).is_file():
+        hrefs = page.eval_on_selector_all("a[href]", "els => els.map(e => e.href)")
+        colab = f"https://colab.research.google.com/github/{owner}/{name}/blob/{branch}/{notebook}"
+        binder = f"https://mybinder.org/v2/gh/{owner}/{name}/{branch}?urlpath=tree/{notebook}"
+        if colab not in hrefs:
+            problems.append(f"no Colab launch button to {colab}")
+        if binder not in hrefs:
+            problems.append(f"no Binder launch button to {binder}")
+
+    labels = [e["label"] for e in page.evaluate(LABELS_JS)]
+    not_author_year = [x for x in labels if not re.fullmatch(r"\[?[^\[\]]+, \d{4}[a-z]?\]?", x)]
+    if not_author_year:
+        problems.append(f"bibliography labels not 'Author, Year': {not_author_year[:5]}")
+    for cite in page.evaluate(CITATIONS_JS):
+        label = bibliography.get(cite["target"])
+        if label is None:
+            problems.append(f"a citation links to no reference: #{cite['target']}")
+        elif _norm_citation(label) not in _norm_citation(cite["text"]):
+            problems.append(f"citation {cite['text']!r} differs from its label {label!r}")
+
+    _check_explorers(page, page_name, problems)  # last: it moves controls
