@@ -46,6 +46,9 @@ else
     # files go out longest first (tests/conftest.py, tests/durations.json), not xdist's order.
     pytest_args+=(--numprocesses auto --dist loadfile --no-loadscope-reorder)
     export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
+    # TorchInductor (FlexAttention on the CPU) compiles in the worker that needs it, not in a
+    # pool of its own processes that would take the other worker's core.
+    export TORCHINDUCTOR_COMPILE_THREADS="${TORCHINDUCTOR_COMPILE_THREADS:-1}"
 fi
 echo "[test] pytest ${targets[*]} ${pytest_args[*]} $*"
 rc=0
