@@ -3,18 +3,21 @@ evaluation, the experiments behind the book's claims and their stored results.
 
 Above the core (it imports :mod:`relbias.biases`, :mod:`relbias.attention` and
 :mod:`relbias.rotary`, never the book or the benchmarks). Needs the ``lab`` extra (numpy,
-tqdm, matplotlib). One module per concept, each importing only those before it:
+tqdm, matplotlib, scipy). One module per concept, each importing only those before it:
 
 - :mod:`~relbias.lab.config`: the named configurations (:class:`Config`, :func:`get_config`);
 - :mod:`~relbias.lab.device`: device, autocast, seeds, deterministic algorithms;
 - :mod:`~relbias.lab.data`: the byte corpus (the Python standard library's source);
 - :mod:`~relbias.lab.probe`: the recall probes and their batches;
 - :mod:`~relbias.lab.model`: :class:`TinyLM`;
-- :mod:`~relbias.lab.stats`: intervals over seeds, summaries, verdicts;
+- :mod:`~relbias.lab.stats`: intervals over seeds, the one verdict function, summaries;
 - :mod:`~relbias.lab.results`: result files, provenance, the stored sweeps;
+- :mod:`~relbias.lab.context`: the context-use measure (the long reading against a sliding
+  window of the training length);
 - :mod:`~relbias.lab.evaluation`: bits per byte by length, recall accuracy, read-back;
 - :mod:`~relbias.lab.checkpoint`, :mod:`~relbias.lab.training`: the training loop;
 - :mod:`~relbias.lab.sweep`: the one sweep runner (seeds, checkpoints, summaries);
+- :mod:`~relbias.lab.weights`: the final weights of a sweep's models, kept and read back;
 - :mod:`~relbias.lab.experiments`, :mod:`~relbias.lab.ablations`,
   :mod:`~relbias.lab.interpolation`: the experiments;
 - :mod:`~relbias.lab.plots`: every plot of the lab's results;

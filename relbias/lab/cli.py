@@ -230,6 +230,11 @@ def _add_common_options(p) -> None:
     p.add_argument(
         "--resume", action="store_true", help="continue the sweep saved in the checkpoint folder"
     )
+    p.add_argument(
+        "--weights",
+        metavar="DIR",
+        help="keep each run's final weights in DIR/<name>/ (extrapolation and retrieval)",
+    )
 
 
 # --- from arguments to a run --------------------------------------------------------------------
@@ -388,18 +393,28 @@ def _prepare(parser, args, config) -> tuple:
         parser.error(str(err))
     variant = _variant(parser, args, methods)
 
+    name = file_stem(args.experiment, config.name, tag)
+    weights = {"weights_dir": Path(args.weights) / name} if args.weights else {}
+
     def run(common):
         if args.experiment == "extrapolation":
             results = experiments.run_extrapolation(
-                config, methods, seeds=seeds, tag=tag, **variant, **common
+                config, methods, seeds=seeds, tag=tag, **variant, **weights, **common
             )
             return results, extrapolation_table(results)
         results = experiments.run_retrieval(
-            config, methods, seeds=seeds, distances=args.distances, tag=tag, **variant, **common
+            config,
+            methods,
+            seeds=seeds,
+            distances=args.distances,
+            tag=tag,
+            **variant,
+            **weights,
+            **common,
         )
         return results, retrieval_table(results)
 
-    return file_stem(args.experiment, config.name, tag), run
+    return name, run
 
 
 def main(argv=None) -> int:

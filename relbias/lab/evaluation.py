@@ -10,6 +10,7 @@ import math
 import torch
 
 from relbias.lab.config import Config
+from relbias.lab.context import context_use, sliding_loss, span_loss
 from relbias.lab.data import eval_windows, files_touched, spread_eval_windows
 from relbias.lab.device import autocast
 from relbias.lab.model import TinyLM
@@ -24,11 +25,13 @@ LN2 = math.log(2.0)
 
 __all__ = [
     "bias_readback",
+    "default_context_stride",
     "evaluate_lengths",
     "evaluate_retrieval",
     "gate_readback",
     "learned_bias",
     "loss_by_position",
+    "read_context",
     "validation_bpb",
     "validation_windows",
 ]
@@ -45,6 +48,8 @@ def evaluate_lengths(
     progress: bool = False,
     file_offsets=None,
     amp_dtype="auto",
+    context: bool = True,
+    context_stride: int | None = None,
 ) -> list[dict]:
     """Bits per byte on validation text at each length ``factor * train_len``.
 
@@ -57,11 +62,18 @@ def evaluate_lengths(
       (rounded up to whole windows of the longest length) in spans of the longest length
       spread evenly across the whole split (:func:`~relbias.lab.data.spread_eval_windows`).
 
+    A span is one window of the longest length. With ``context`` (and a longest length
+    above the training length) the longest length's row also holds the context-use measure
+    (:mod:`relbias.lab.context`): the same spans read again by a sliding window of
+    ``train_len`` bytes with stride ``context_stride`` (default :func:`default_context_stride`).
+
     ``amp_dtype``: the autocast dtype on CUDA (:func:`~relbias.lab.device.autocast_dtype`).
     Returns one dict per factor: ``factor``, ``length``, ``windows``, ``bytes`` (bytes
-    predicted), ``bpb`` and ``loss_by_position`` (mean bits at each position inside the
-    window); with ``file_offsets`` (:meth:`~relbias.lab.data.ByteCorpus.split_offsets`)
-    also ``files``, how many validation files those bytes come from.
+    predicted), ``bpb``, ``loss_by_position`` (mean bits at each position inside the
+    window) and ``bpb_by_span`` (mean bits of each span's bytes at this length: the text's
+    own sampling error is read from it); with ``file_offsets``
+    (:meth:`~relbias.lab.data.ByteCorpus.split_offsets`) also ``files``, how many
+    validation files those bytes come from; the longest length's row ``context``.
     """
     factors = tuple(config.eval_factors if factors is None else factors)
     if not factors or any(isinstance(f, bool) or not isinstance(f, int) or f < 1 for f in factors):
@@ -70,6 +82,7 @@ def evaluate_lengths(
     longest = max(factors) * config.train_len
     num_tokens = max(config.eval_tokens // longest, 1) * longest
     model.to(device).eval()
+    forward = _reader(model, device, amp_dtype)
     rows = []
     for factor in _progress_iter(factors, "eval", progress):
         length = factor * config.train_len
@@ -77,9 +90,9 @@ def evaluate_lengths(
             x, y, starts = spread_eval_windows(data, length, config.eval_tokens, span_len=longest)
         else:
             x, y = eval_windows(data, length, num_tokens)
-            starts = torch.tensor([0])
-            starts_len = x.numel()
-        per_pos = loss_by_position(model, x, y, config.eval_batch_size, device, amp_dtype)
+            starts = torch.arange(0, x.numel(), longest)
+        bits = span_loss(forward, x, y, batch_size=config.eval_batch_size)
+        per_pos = bits.mean(0)
         row = {
             "factor": factor,
             "length": length,
@@ -87,12 +100,47 @@ def evaluate_lengths(
             "bytes": int(x.numel()),
             "bpb": float(per_pos.mean()),
             "loss_by_position": [round(v, 4) for v in per_pos.tolist()],
+            "bpb_by_span": [round(v, 5) for v in bits.reshape(len(starts), -1).mean(1).tolist()],
         }
         if file_offsets is not None:
-            span = longest if config.eval_spread else starts_len
-            row["files"] = files_touched(starts, span, file_offsets)
+            row["files"] = files_touched(starts, longest, file_offsets)
+        if context and length == longest and longest > config.train_len:
+            row["context"] = read_context(
+                forward, x, y, bits, config.train_len, stride=context_stride
+            )
         rows.append(row)
     return rows
+
+
+def default_context_stride(train_len: int) -> int:
+    """The sliding reading's stride: an eighth of the training length (at least 1), so that
+    every byte past ``train_len`` is read with ``7/8 train_len`` to ``train_len - 1`` bytes
+    of context (16 bytes for the medium sweeps' 128; stride 1 costs 16 times as much)."""
+    return max(train_len // 8, 1)
+
+
+def read_context(forward, x, y, long_bits, train_len: int, *, stride: int | None = None) -> dict:
+    """The context-use measure of spans ``x`` (targets ``y``) whose long reading is
+    ``long_bits`` ``[spans, span_len]``: :func:`relbias.lab.context.context_use` with the
+    sliding window of ``train_len`` bytes, its ``stride`` and the sliding reading's mean
+    bits at each position (``sliding_loss_by_position``)."""
+    stride = default_context_stride(train_len) if stride is None else stride
+    sliding = sliding_loss(forward, x, y, window=train_len, stride=stride)
+    return {
+        **context_use(long_bits, sliding, train_len),
+        "stride": stride,
+        "sliding_loss_by_position": [round(v, 4) for v in sliding.mean(0).tolist()],
+    }
+
+
+def _reader(model, device, amp_dtype):
+    """``model`` as a function of token ids to logits, on ``device`` under its autocast."""
+
+    def forward(ids):
+        with autocast(device, amp_dtype):
+            return model(ids.to(device))
+
+    return forward
 
 
 def _progress_iter(items, desc: str, enabled: bool):
@@ -103,18 +151,8 @@ def _progress_iter(items, desc: str, enabled: bool):
 
 def loss_by_position(model, x, y, batch_size, device, amp_dtype="auto") -> torch.Tensor:
     """Mean loss in bits at each window position, over all windows."""
-    total = torch.zeros(x.shape[1], dtype=torch.float64)
-    for start in range(0, x.shape[0], batch_size):
-        xb, yb = x[start : start + batch_size].to(device), y[start : start + batch_size].to(device)
-        with autocast(device, amp_dtype):
-            logits = model(xb)
-        loss = torch.nn.functional.cross_entropy(
-            logits.float().transpose(1, 2), yb, reduction="none"
-        )
-        if not torch.isfinite(loss).all():
-            raise FloatingPointError("evaluation produced a non-finite loss")
-        total += loss.sum(0).cpu().double()
-    return total / x.shape[0] / LN2
+    forward = _reader(model, torch.device(device), amp_dtype)
+    return span_loss(forward, x, y, batch_size=batch_size).mean(0)
 
 
 def validation_windows(data: torch.Tensor, config: Config):

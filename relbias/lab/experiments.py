@@ -38,6 +38,7 @@ from relbias.lab.results import check_tag
 from relbias.lab.stats import summarize_extrapolation, summarize_retrieval
 from relbias.lab.sweep import run_sweep
 from relbias.lab.training import build_model, train_lm
+from relbias.lab.weights import save_weights
 
 __all__ = [
     "METHOD_GROUPS",
@@ -185,13 +186,23 @@ def train_and_probe(
     return model, record
 
 
-def _sweep_of(kind, train_one, summarize, config, methods, seeds, device, checkpoint, extra):
-    """The common part of both experiments: every method for every seed, summarised."""
+def _sweep_of(
+    kind, train_one, summarize, config, methods, seeds, device, checkpoint, extra, weights_dir
+):
+    """The common part of both experiments: every method for every seed, summarised; with
+    ``weights_dir`` each finished run's final weights saved there
+    (:func:`~relbias.lab.weights.save_weights`)."""
     names = resolve_methods(methods or ["all"])
     device = device or pick_device(verbose=checkpoint.get("verbose", True))
 
     def run_one(method, seed, train_kwargs):
-        return train_one(method, config.replace(seed=seed), device, train_kwargs)[1]
+        cfg = config.replace(seed=seed)
+        model, record = train_one(method, cfg, device, train_kwargs)
+        if weights_dir is not None:
+            save_weights(
+                model, weights_dir, method=method, config=cfg, model_kwargs=extra["model_kwargs"]
+            )
+        return record
 
     return run_sweep(
         kind,
@@ -229,12 +240,14 @@ def run_extrapolation(
     checkpoint_every: int | None = None,
     model_kwargs: dict | None = None,
     tag: str | None = None,
+    weights_dir=None,
 ) -> dict:
     """Train and evaluate every method (default all) for every seed (default
     ``[config.seed]``); returns the results: per method the summary of
     :func:`~relbias.lab.stats.summarize_extrapolation` (every seed's record under
     ``"seeds"``), the corpus description and the provenance. ``checkpoint_dir``, ``resume``:
-    see :func:`relbias.lab.sweep.run_seeds`."""
+    see :func:`relbias.lab.sweep.run_seeds`; ``weights_dir``: where each run's final weights
+    go (:func:`~relbias.lab.weights.save_weights`; default: not kept)."""
     tag = check_tag(tag)
     config = config or get_config()
     corpus = load_corpus(max_bytes=config.corpus_bytes)
@@ -269,6 +282,7 @@ def run_extrapolation(
         device,
         checkpoint,
         extra,
+        weights_dir,
     )
     results["corpus"] = corpus.describe()
     return _with_variant(results, model_kwargs, tag)
@@ -290,6 +304,7 @@ def run_retrieval(
     checkpoint_every: int | None = None,
     model_kwargs: dict | None = None,
     tag: str | None = None,
+    weights_dir=None,
 ) -> dict:
     """Train every method on the probe for every seed; returns the results (per method the
     summary of :func:`~relbias.lab.stats.summarize_retrieval`), as
@@ -327,6 +342,17 @@ def run_retrieval(
         device,
         checkpoint,
         extra,
+        weights_dir,
     )
     results["probe"] = probe_description(config)
     return _with_variant(results, model_kwargs, tag)
+
+
+# The command line of older result files (python -m relbias.lab.experiments ...).
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(
+        "relbias.lab.experiments is a module, not a command: run the same experiment with\n"
+        f"    python -m relbias.lab {' '.join(sys.argv[1:])}"
+    )

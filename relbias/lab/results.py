@@ -157,11 +157,12 @@ def result_name(results: dict) -> str:
 
 def compact(results: dict) -> dict:
     """``results`` without the arrays no reader needs: every record's per-step training
-    losses (``train.losses``) and the per-seed loss by position of every evaluation row
-    (the summary's mean over seeds stays). In their place each per-seed row keeps the two
-    numbers a chapter reads from it, the mean loss within the training length and past it
-    (``within_train_len_bpb``, ``past_train_len_bpb``; see
-    :func:`relbias.lab.stats.loss_within_and_past`). Everything else is kept as it is."""
+    losses (``train.losses``) and the per-seed loss by position of every evaluation row and
+    of its context-use measure's sliding reading (the summary's means over seeds stay). In
+    their place each per-seed row keeps the two numbers a chapter reads from it, the mean
+    loss within the training length and past it (``within_train_len_bpb``,
+    ``past_train_len_bpb``; see :func:`relbias.lab.stats.loss_within_and_past`). Everything
+    else is kept as it is."""
     train_len = results.get("provenance", {}).get("config", {}).get("train_len")
 
     def strip(value, in_seed: bool):
@@ -173,6 +174,8 @@ def compact(results: dict) -> dict:
                 if key == "loss_by_position" and in_seed:
                     if item and train_len and len(item) > train_len:
                         out.update(split_at_train_len(item, train_len))
+                    continue
+                if key == "sliding_loss_by_position" and in_seed:
                     continue
                 out[key] = strip(item, in_seed or key == "seeds")
             return out
