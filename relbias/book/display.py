@@ -16,6 +16,7 @@ from __future__ import annotations
 import ast
 import inspect
 import io
+import math
 import re
 import sys
 import textwrap
@@ -193,15 +194,26 @@ def _plain(value):
     return value
 
 
+#: Significant digits a glued float keeps (:func:`glue`).
+GLUED_DIGITS = 6
+
+
 def glue(name: str, value, display: bool = False):
     """Store ``value`` under ``name`` for ``{glue:text}`name``` roles in the prose.
 
     Uses :func:`myst_nb.glue` when myst-nb is installed (as in the book's build), and does
     nothing otherwise (e.g. a bare Colab kernel). Tensors and NumPy scalars are glued as
-    Python numbers and strings without quotes. Returns None, so a cell may end with it
-    without echoing the value. Format numbers in the role: ``{glue:text}`name:.3f```.
+    Python numbers and strings without quotes. A float is glued rounded to
+    :data:`GLUED_DIGITS` significant digits (the prose shows at most four): the stored record
+    then does not carry the last digits that another CPU's floating-point path changes.
+    Returns None, so a cell may end with it without echoing the value. Format numbers in
+    the role: ``{glue:text}`name:.3f```.
     """
     plain = _plain(value)
+    if isinstance(plain, float):
+        if not math.isfinite(plain):
+            raise ValueError(f"glue {name!r}: the value must be a finite number, got {plain}")
+        plain = float(f"{plain:.{GLUED_DIGITS}g}")
     if isinstance(plain, str):
         plain = _Text(_pasteable(plain))
     try:

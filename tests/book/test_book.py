@@ -412,6 +412,76 @@ def test_outputs_are_portable(path):
             assert out.get("name") != "stderr", f"code cell {i}: stderr stored: {text[:200]!r}"
 
 
+def nbval_sanitizers() -> list[tuple[re.Pattern, str]]:
+    """The regex/replace pairs of book/sanitize.cfg, as nbval applies them."""
+    pairs, pattern = [], None
+    for line in (BOOK / "sanitize.cfg").read_text().splitlines():
+        if line.startswith("regex:"):
+            pattern = re.compile(line.partition(":")[2].strip())
+        elif line.startswith("replace:") and pattern is not None:
+            pairs.append((pattern, line.partition(":")[2].strip()))
+            pattern = None
+    return pairs
+
+
+def compared_text(cell: dict) -> list[str]:
+    """What nbval compares of one code cell's outputs, after the book's sanitizers (nothing
+    for a cell it skips or whose output it ignores; images are never compared)."""
+    tags = set(cell.get("metadata", {}).get("tags", []))
+    src = source(cell)
+    if tags & {"nbval-skip", "nbval-ignore-output"} or any(c in src for c in NBVAL_COMMENTS):
+        return []
+    texts = [output_text(out) for out in cell.get("outputs", [])]
+    for pattern, replace in nbval_sanitizers():
+        texts = [pattern.sub(replace, t) for t in texts]
+    return texts
+
+
+DECIMAL = re.compile(r"(?<![\w.])[-+]?(\d*\.\d+|\d+\.\d*)(?:[eE][-+]?\d+)?(?![\w.])")
+#: Significant digits a compared output may print (a glued float keeps 6:
+#: relbias.book.display.GLUED_DIGITS); more would show the last digits of a float, which
+#: another CPU's floating-point path changes.
+MAX_PRINTED_DIGITS = 6
+
+
+def significant_digits(number: str) -> int:
+    mantissa = re.split("[eE]", number.lstrip("+-"))[0].replace(".", "")
+    return len(mantissa.lstrip("0")) or 1
+
+
+def test_significant_digits():
+    assert significant_digits("0.0039062") == 5 and significant_digits("63.94") == 4
+    assert significant_digits("4.000000") == 7 and significant_digits("1.2e-07") == 2
+    assert [m.group(0) for m in DECIMAL.finditer("a 1.5 b x1.2 3.25e-4 v0.1.0 7.")] == [
+        "1.5",
+        "3.25e-4",
+        "7.",
+    ]
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=NOTEBOOK_IDS)
+def test_compared_outputs_do_not_depend_on_the_cpus_float_path(path):
+    """What nbval compares must come out the same on any CPU: no image bytes inside HTML
+    (an explorer's pre-drawn states are compared by their controls and settings: the
+    sanitizer in book/sanitize.cfg) and no number printed to more significant digits than
+    :data:`MAX_PRINTED_DIGITS` (the last digits of a float differ between CPUs). The test
+    command also re-runs some notebooks under a second CPU code path (scripts/test.sh)."""
+    for i, cell in enumerate(code_cells(load(path))):
+        for text in compared_text(cell):
+            assert "base64," not in text.replace("base64,PNG", ""), (
+                f"code cell {i}: image bytes in a compared output"
+            )
+            long = [
+                m.group(0)
+                for m in DECIMAL.finditer(text)
+                if significant_digits(m.group(0)) > MAX_PRINTED_DIGITS
+            ]
+            assert not long, (
+                f"code cell {i}: {long[:5]} print more than {MAX_PRINTED_DIGITS} significant "
+                "digits (round them, or glue them: relbias.book.display.glue rounds)"
+            )
+
+
 # --- glue, citations ---------------------------------------------------------------------------
 
 GLUE_ROLE = re.compile(r"\{glue(?::\w+)?\}`([^`]+)`")
