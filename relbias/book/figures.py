@@ -7,7 +7,7 @@ draws or tabulates it, so that the notebook cells stay short. Figures are built 
 :func:`relbias.book.plots.figure` (no pyplot, nothing displayed twice) and returned;
 tables are returned as ``(rows, headers)`` for :func:`relbias.book.display.show_table`.
 A bias against the offset is drawn by :func:`relbias.book.plots.plot_bias_by_offset`
-and read by :func:`relbias.lab.evaluation.learned_bias`, for every chapter.
+and read by :func:`relbias.lab.readback.learned_bias`, for every chapter.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from relbias import FIRE, KerpleLog, KerplePower, RelativeBias, alibi_slopes
 from relbias.biases.t5 import t5_bucket
 from relbias.book.plots import figure
 from relbias.lab.ablations import far_buckets_to_min
-from relbias.lab.evaluation import learned_bias
+from relbias.lab.readback import learned_bias
 
 # --- ALiBi --------------------------------------------------------------------------------
 

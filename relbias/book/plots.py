@@ -8,7 +8,7 @@
   offset or bucket matrix labelled (u_5, ...).
 - :func:`plot_bias_by_offset`: PE against the offset i - j, a line per head, for one
   bias or a panel per bias; the book's only figure of a bias by offset. The values come
-  from :func:`relbias.lab.evaluation.learned_bias`, the one read-back by offset.
+  from :func:`relbias.lab.readback.learned_bias`, the one read-back by offset.
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ from matplotlib import colormaps
 from matplotlib.figure import Figure
 
 from relbias import RelativeBias
-from relbias.lab.evaluation import learned_bias
 from relbias.lab.plots import figure
+from relbias.lab.readback import learned_bias
 
 __all__ = [
     "figure",
@@ -155,7 +155,7 @@ def plot_bias_by_offset(
     ``bias`` is a :class:`~relbias.RelativeBias`, a :class:`~relbias.lab.model.TinyLM`
     with a bias, or a tensor ``[heads, offsets]`` (or ``[offsets]``) holding offsets
     ``min_offset ..``; or a dict of such, title to bias, for one panel each. Modules and
-    models are read by :func:`relbias.lab.evaluation.learned_bias` at offsets
+    models are read by :func:`relbias.lab.readback.learned_bias` at offsets
     ``min_offset .. max_offset``; FIRE, which also depends on the query position, at the
     query ``query_position`` (default ``max_offset``).
 

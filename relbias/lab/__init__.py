@@ -11,10 +11,11 @@ tqdm, matplotlib, scipy). One module per concept, each importing only those befo
 - :mod:`~relbias.lab.probe`: the recall probes and their batches;
 - :mod:`~relbias.lab.model`: :class:`TinyLM`;
 - :mod:`~relbias.lab.stats`: intervals over seeds, the one verdict function, summaries;
+- :mod:`~relbias.lab.readback`: what a trained bias or gate learned, read back;
 - :mod:`~relbias.lab.results`: result files, provenance, the stored sweeps;
 - :mod:`~relbias.lab.context`: the context-use measure (the long reading against a sliding
   window of the training length);
-- :mod:`~relbias.lab.evaluation`: bits per byte by length, recall accuracy, read-back;
+- :mod:`~relbias.lab.evaluation`: bits per byte by length, recall accuracy;
 - :mod:`~relbias.lab.checkpoint`, :mod:`~relbias.lab.training`: the training loop;
 - :mod:`~relbias.lab.sweep`: the one sweep runner (seeds, checkpoints, summaries);
 - :mod:`~relbias.lab.weights`: the final weights of a sweep's models, kept and read back;
@@ -27,7 +28,7 @@ tqdm, matplotlib, scipy). One module per concept, each importing only those befo
 from relbias.lab.config import Config, get_config
 from relbias.lab.data import load_corpus
 from relbias.lab.device import pick_device, seed_everything
-from relbias.lab.evaluation import evaluate_lengths, evaluate_retrieval, learned_bias
+from relbias.lab.evaluation import evaluate_lengths, evaluate_retrieval
 from relbias.lab.experiments import (
     run_extrapolation,
     run_retrieval,
@@ -36,6 +37,7 @@ from relbias.lab.experiments import (
 )
 from relbias.lab.model import POSITION_NAMES, TinyLM
 from relbias.lab.probe import make_recall_batch
+from relbias.lab.readback import learned_bias
 from relbias.lab.results import load_results, load_stored, made_with
 from relbias.lab.training import build_model, train_lm
 

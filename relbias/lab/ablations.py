@@ -71,9 +71,10 @@ from torch import nn
 from relbias.lab.config import Config, get_config
 from relbias.lab.data import load_corpus
 from relbias.lab.device import pick_device
-from relbias.lab.evaluation import evaluate_lengths, evaluate_retrieval, learned_bias
+from relbias.lab.evaluation import evaluate_lengths, evaluate_retrieval
 from relbias.lab.experiments import train_and_evaluate, train_and_probe
 from relbias.lab.probe import probe_description
+from relbias.lab.readback import learned_bias
 from relbias.lab.results import check_tag, split_at_train_len
 from relbias.lab.stats import (
     interval,

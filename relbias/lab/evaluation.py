@@ -1,6 +1,6 @@
-"""Evaluation of a trained :class:`~relbias.lab.model.TinyLM`: bits per byte at every length,
-the validation curve's windows, recall accuracy on the probe, and read-back of what a
-positional bias or a forget gate learned.
+"""Evaluation of a trained :class:`~relbias.lab.model.TinyLM`: bits per byte at every length
+with the context-use measure, the validation curve's windows and recall accuracy on the
+probe (what a bias or gate learned is read back by :mod:`relbias.lab.readback`).
 """
 
 from __future__ import annotations
@@ -24,12 +24,9 @@ from relbias.lab.probe import (
 LN2 = math.log(2.0)
 
 __all__ = [
-    "bias_readback",
     "default_context_stride",
     "evaluate_lengths",
     "evaluate_retrieval",
-    "gate_readback",
-    "learned_bias",
     "loss_by_position",
     "read_context",
     "validation_bpb",
@@ -210,94 +207,3 @@ def evaluate_retrieval(
             {"length": seq_len, "distance": d, "accuracy": correct / samples, "samples": samples}
         )
     return rows
-
-
-@torch.no_grad()
-def learned_bias(
-    model_or_bias,
-    max_offset: int,
-    *,
-    min_offset: int = 0,
-    query_position: int | None = None,
-    layer: int = 0,
-) -> torch.Tensor:
-    """PE at offsets ``min_offset .. max_offset`` for each head, as a float32 CPU tensor
-    ``[num_heads, max_offset - min_offset + 1]``: the one read-back of a bias by offset.
-
-    ``model_or_bias`` is any :class:`~relbias.RelativeBias` (learned or fixed) or a
-    :class:`TinyLM` with a bias (its shared module, or layer ``layer``'s when biases are
-    per layer). Offset-only families give their offset table
-    (:meth:`~relbias.RelativeBias.offset_table`). FIRE depends on the query position
-    too: it is read at query position ``query_position`` (default ``max_offset``, which
-    must be ``>= max_offset``) against keys ``query_position - offset``, so its offsets
-    are those of keys at or before the query (``0 <= min_offset``).
-    """
-    from relbias import RelativeBias
-
-    bias = model_or_bias
-    if isinstance(model_or_bias, TinyLM):
-        modules = model_or_bias.bias_modules()
-        if not modules:
-            raise ValueError(f"position {model_or_bias.position!r} has no additive bias to read")
-        if not 0 <= layer < len(modules):
-            raise ValueError(f"layer must be in 0..{len(modules) - 1}, got {layer}")
-        bias = modules[layer]
-    if not isinstance(bias, RelativeBias):
-        raise TypeError(f"expected a TinyLM or RelativeBias, got {type(bias).__name__}")
-    for name, value in (("min_offset", min_offset), ("max_offset", max_offset)):
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ValueError(f"{name} must be an integer, got {value!r}")
-    if not min_offset <= max_offset:
-        raise ValueError(f"need min_offset <= max_offset, got {min_offset} and {max_offset}")
-    if bias.offset_only:
-        return bias.offset_table(min_offset, max_offset).float().cpu()
-    if min_offset < 0:
-        raise ValueError(f"{type(bias).__name__} reads offsets >= 0 only, got {min_offset}")
-    i = max_offset if query_position is None else query_position
-    if i < max_offset:
-        raise ValueError(f"query_position ({i}) must be >= max_offset ({max_offset})")
-    row = bias(1, i + 1, q_start=i)[:, 0, :]  # keys j = 0..i, offsets i..0
-    return row.flip(-1)[:, min_offset : max_offset + 1].float().cpu()
-
-
-def bias_readback(model, config: Config) -> dict | None:
-    """The learned bias at offsets 0..2*train_len-1 (FIRE: query at 2*train_len-1)."""
-    if not model.uses_bias:
-        return None
-    max_offset = 2 * config.train_len - 1
-    table = learned_bias(model, max_offset)
-    return {
-        "max_offset": max_offset,
-        "query_position": max_offset,
-        "module": repr(model.bias_modules()[0]),
-        "values": [[round(v, 5) for v in row] for row in table.tolist()],
-    }
-
-
-def gate_readback(model, idx: torch.Tensor, distance: int | None = None) -> dict:
-    """What a forget-gate model's gates learned, read on the token ids ``idx`` ``[batch, len]``.
-
-    Per layer and head (lists ``[layers][heads]``): the mean :math:`\\log f_t` over the
-    tokens and its 10 %, 50 % and 90 % quantiles; with ``distance`` also the mean bias
-    the gates put between the last position and the token ``distance`` back (the sum of
-    :math:`\\log f_t` over the last ``distance`` tokens: the probe's far key).
-    """
-    log_f = model.gate_log_forget(idx).double()  # [layers, batch, heads, len]
-    per_head = log_f.permute(0, 2, 1, 3).flatten(2)  # [layers, heads, tokens]
-    qs = torch.quantile(per_head, torch.tensor([0.1, 0.5, 0.9], dtype=torch.float64), dim=-1)
-
-    def rounded(t):
-        return [[round(v, 5) for v in row] for row in t.tolist()]
-
-    out = {
-        "module": repr(model.gates()[0]),
-        "tokens": idx.numel(),
-        "mean_log_forget": rounded(per_head.mean(-1)),
-        "log_forget_quantiles": {q: rounded(qs[i]) for i, q in enumerate(("0.1", "0.5", "0.9"))},
-    }
-    if distance is not None:
-        if not 1 <= distance < idx.shape[1]:
-            raise ValueError(f"distance must be in 1..{idx.shape[1] - 1}, got {distance}")
-        out["distance"] = distance
-        out["bias_at_distance"] = rounded(log_f[..., -distance:].sum(-1).mean(1))
-    return out

@@ -20,12 +20,7 @@ import torch
 from relbias.lab.config import Config, get_config
 from relbias.lab.data import load_corpus
 from relbias.lab.device import pick_device, seed_everything
-from relbias.lab.evaluation import (
-    bias_readback,
-    evaluate_lengths,
-    evaluate_retrieval,
-    gate_readback,
-)
+from relbias.lab.evaluation import evaluate_lengths, evaluate_retrieval
 from relbias.lab.model import BASELINE_POSITIONS, BIAS_POSITIONS, POSITION_NAMES
 from relbias.lab.probe import (
     probe_batch,
@@ -34,6 +29,7 @@ from relbias.lab.probe import (
     probe_max_distance,
     probe_min_distance,
 )
+from relbias.lab.readback import bias_readback, gate_readback
 from relbias.lab.results import check_tag
 from relbias.lab.stats import summarize_extrapolation, summarize_retrieval
 from relbias.lab.sweep import run_sweep

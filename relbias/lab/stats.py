@@ -718,61 +718,6 @@ def longer_training(short: dict, longer: dict, methods) -> dict:
     return {"steps": [c["steps"] for c in configs], "end": end, "methods": rows}
 
 
-def gate_summary(results: dict, method: str) -> dict:
-    """What ``method``'s forget gates learned, over seeds (the records' ``learned_gate``):
-    ``mean_log_forget`` (the mean of :math:`\\log f_t` over seeds, layers, heads and
-    tokens), ``half_life`` (``ln 2`` over its negative, in tokens), ``most_open`` (the
-    head mean closest to 0) and, on probe sequences, ``bias_at_distance`` (the mean
-    bias the gates put on the answer, ``distance`` back; ``least_bias``, the head closest
-    to 0; ``least_bias_per_run``, that head's bias in each seed's run)."""
-    seeds = results["methods"][method].get("seeds", {})
-    gates = [rec["learned_gate"] for rec in seeds.values() if rec.get("learned_gate")]
-    if not gates:
-        raise ValueError(f"{method} has no gate read-back in these results")
-
-    def flat(key):
-        return [v for g in gates for row in g[key] for v in row]
-
-    heads = flat("mean_log_forget")
-    mean = sum(heads) / len(heads)
-    out = {
-        "seeds": len(gates),
-        "mean_log_forget": mean,
-        "half_life": math.log(2) / -mean if mean < 0 else math.inf,
-        "most_open": max(heads),
-    }
-    if "bias_at_distance" in gates[0]:
-        bias = flat("bias_at_distance")
-        out.update(
-            distance=gates[0]["distance"],
-            bias_at_distance=sum(bias) / len(bias),
-            least_bias=max(bias),
-            least_bias_per_run=[max(max(row) for row in g["bias_at_distance"]) for g in gates],
-        )
-    return out
-
-
-def far_penalty(results: dict, method: str) -> dict:
-    """How hard ``method``'s learned table (the records' ``learned_bias``: one row per head,
-    offsets 0 to the farthest read back) penalises the farthest offset, over seeds: the
-    per-seed mean over heads of the farthest offset's bias minus the head's largest
-    (``mean``, ``low``, ``high``: 0 is no penalty at all), and ``lowest_far`` (heads, over
-    all seeds, whose farthest offset has their lowest bias: a table falling to the end)
-    of ``heads``."""
-    seeds = results["methods"][method].get("seeds", {})
-    tables = [rec["learned_bias"]["values"] for rec in seeds.values() if rec.get("learned_bias")]
-    if not tables:
-        raise ValueError(f"{method} has no learned-bias read-back in these results")
-    per_seed = [sum(row[-1] - max(row) for row in t) / len(t) for t in tables]
-    rows = [row for t in tables for row in t]
-    return {
-        **interval(per_seed),
-        "lowest_far": sum(row[-1] <= min(row) for row in rows),
-        "heads": len(rows),
-        "offset": len(rows[0]) - 1,
-    }
-
-
 def compare_accuracy(results: dict, a: str, b: str, length: int, distance=None) -> str:
     """``"lower"``, ``"higher"`` or ``"overlapping"``: ``a``'s recall accuracy against
     ``b``'s at one length and distance (default the farthest), by their intervals."""
@@ -805,33 +750,6 @@ def loss_within_and_past(results: dict, method: str) -> dict:
         "past": interval(past),
         "length": length,
         "train_len": train_len,
-    }
-
-
-def edge_above_min(results: dict, method: str = "offset", offset: int | None = None) -> dict:
-    """How far a learned table's value at ``offset`` sits above the table's minimum up to
-    that offset, per head and seed, from the records' read-back (``learned_bias``, offsets
-    0 onwards). The default offset is the clipped offset table's edge ``u_{m_l-1}``, the
-    value every farther offset reads; for T5 pass the farthest offset read back (``-1``).
-    Returns ``values`` (every head of every seed), ``low`` and ``high`` (their range),
-    ``above`` (heads whose value lies above the minimum: those keys favoured over the
-    middle ones) of ``heads``, and ``below_max``, the range of the value minus the table's
-    largest."""
-    if offset is None:
-        offset = results["provenance"]["config"]["train_len"] - 1
-    values, below = [], []
-    for rec in results["methods"][method]["seeds"].values():
-        for row in rec["learned_bias"]["values"]:
-            table = row[: offset + 1] if offset >= 0 else row[: len(row) + offset + 1]
-            values.append(table[-1] - min(table))
-            below.append(table[-1] - max(table))
-    return {
-        "values": values,
-        "low": min(values),
-        "high": max(values),
-        "above": sum(v > 0 for v in values),
-        "heads": len(values),
-        "below_max": (min(below), max(below)),
     }
 
 

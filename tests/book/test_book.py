@@ -733,8 +733,8 @@ def test_learned_bias_is_the_offset_table(name):
     """For offset-only families the read-back is the module's own offset table."""
     import torch
 
-    from relbias.lab.evaluation import learned_bias
     from relbias.lab.model import TinyLM
+    from relbias.lab.readback import learned_bias
 
     bias = _randomised(name)
     assert bias.offset_only
@@ -754,7 +754,7 @@ def test_learned_bias_reads_fire_at_one_query_position():
     (default ``max_offset``) against keys ``query_position - offset``."""
     import torch
 
-    from relbias.lab.evaluation import learned_bias
+    from relbias.lab.readback import learned_bias
 
     fire = _randomised("fire")
     assert not fire.offset_only

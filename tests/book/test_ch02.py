@@ -9,7 +9,7 @@ import matplotlib
 import pytest
 
 from relbias.book import sweeps
-from relbias.lab import interventions, stats
+from relbias.lab import interventions, readback, stats
 from relbias.lab import plots as lab_plots
 from relbias.lab.experiments import summarize_extrapolation
 
@@ -66,7 +66,7 @@ def test_loss_within_and_past_splits_at_the_training_length():
 
 def test_edge_above_min_reads_every_head_of_every_seed():
     res = _sweep({"offset": [_record(s, 2.0, 3.0, edge=0.2 + 0.1 * s) for s in range(2)]})
-    edge = stats.edge_above_min(res, "offset")
+    edge = readback.edge_above_min(res, "offset")
     # head 0: edge - (-1); head 1 (the table minus 1): (edge - 1) - (-2); the same value
     assert edge["heads"] == 4 and edge["above"] == 4
     assert edge["low"] == pytest.approx(1.2) and edge["high"] == pytest.approx(1.3)

@@ -6,7 +6,7 @@ import matplotlib
 import pytest
 
 from relbias.book import figures as fg
-from relbias.lab import stats
+from relbias.lab import readback
 
 matplotlib.use("Agg")
 
@@ -17,10 +17,10 @@ def test_edge_above_min_reads_the_farthest_offset():
         "provenance": {"config": {"train_len": 2}},
         "methods": {"t5": {"seeds": {"0": {"learned_bias": {"values": rows}}}}},
     }
-    far = stats.edge_above_min(res, "t5", -1)
+    far = readback.edge_above_min(res, "t5", -1)
     assert far["values"] == [pytest.approx(0.5), 0.0] and far["above"] == 1
     assert far["below_max"] == (-3.0, -1.5)
-    edge = stats.edge_above_min(res, "t5")  # default: offset m_l - 1 = 1
+    edge = readback.edge_above_min(res, "t5")  # default: offset m_l - 1 = 1
     assert edge["values"] == [0.0, 0.0] and edge["above"] == 0
 
 

@@ -10,7 +10,7 @@ import matplotlib
 import pytest
 
 from relbias.book import sweeps
-from relbias.lab import plots, results, stats
+from relbias.lab import plots, readback, results, stats
 from relbias.lab.stats import interval, summarize_extrapolation, summarize_retrieval
 
 matplotlib.use("Agg")
@@ -247,7 +247,7 @@ def test_gate_summary_averages_the_read_back_over_seeds():
     ]
     for rec, gate in zip(res["methods"]["g"]["seeds"].values(), gates):
         rec["learned_gate"] = gate
-    out = stats.gate_summary(res, "g")
+    out = readback.gate_summary(res, "g")
     assert out["seeds"] == 2 and out["distance"] == 20
     assert out["mean_log_forget"] == pytest.approx(-0.2)
     assert out["half_life"] == pytest.approx(math.log(2) / 0.2)
@@ -255,7 +255,7 @@ def test_gate_summary_averages_the_read_back_over_seeds():
     assert out["bias_at_distance"] == pytest.approx(-4.0)
     assert out["least_bias_per_run"] == pytest.approx([-2.0, -4.0])
     with pytest.raises(ValueError, match="no gate read-back"):
-        stats.gate_summary(_results({"h": [[1.0, 1.0, 1.0]] * 2}), "h")
+        readback.gate_summary(_results({"h": [[1.0, 1.0, 1.0]] * 2}), "h")
 
 
 def test_pool_seeds_recomputes_the_interval_over_every_seed():
@@ -399,12 +399,12 @@ def test_far_penalty_reads_the_learned_tables_of_every_seed():
     tables = [[[0.0, 1.0, -2.0], [0.0, -1.0, -0.5]], [[2.0, 0.0, -3.0], [0.0, 0.0, 0.0]]]
     for rec, values in zip(res["methods"]["t"]["seeds"].values(), tables):
         rec["learned_bias"] = {"values": values}
-    out = stats.far_penalty(res, "t")
+    out = readback.far_penalty(res, "t")
     # seed 0: (-2 - 1 + -0.5 - 0) / 2 = -1.75; seed 1: (-3 - 2 + 0 - 0) / 2 = -2.5
     assert out["mean"] == pytest.approx(-2.125) and out["n"] == 2
     assert out["lowest_far"] == 3 and out["heads"] == 4 and out["offset"] == 2
     with pytest.raises(ValueError, match="no learned-bias read-back"):
-        stats.far_penalty(_results({"h": [[1.0, 1.0, 1.0]] * 2}), "h")
+        readback.far_penalty(_results({"h": [[1.0, 1.0, 1.0]] * 2}), "h")
 
 
 def test_spread_of_gives_the_extremes_and_the_pairs_that_separate():

@@ -10,11 +10,12 @@ from conftest import tiny_config
 
 from relbias.lab.config import get_config
 from relbias.lab.device import autocast_dtype, largest_that_fits, pick_device, seed_everything
-from relbias.lab.evaluation import evaluate_lengths, evaluate_retrieval, learned_bias
+from relbias.lab.evaluation import evaluate_lengths, evaluate_retrieval
 from relbias.lab.experiments import run_extrapolation
 from relbias.lab.model import BIAS_POSITIONS, POSITION_NAMES, TinyLM, lm_loss
 from relbias.lab.plots import plot_results
 from relbias.lab.probe import probe_batches
+from relbias.lab.readback import learned_bias
 from relbias.lab.results import (
     learned_bias_from_results,
     load_results,
