@@ -13,17 +13,17 @@ import math
 
 from relbias.book.display import glue, show_table
 from relbias.lab.results import describe, seed_count
-from relbias.lab.stats import accuracy_at, at_factor, trend
+from relbias.lab.stats import accuracy_at, at_factor, context_verdict, method_curve
 
 __all__ = [
     "accuracy_table",
     "bpb_table",
     "beside_stored",
     "bpb_table_by_length",
-    "change_table",
+    "curve_table",
+    "curve_words",
     "far_accuracy_table",
     "glue_sweep",
-    "short_verdict",
     "show_interval",
 ]
 
@@ -77,41 +77,38 @@ def far_accuracy_table(far: dict, *, digits: int = 2):
     return rows, headers
 
 
-#: The verdicts of :func:`~relbias.lab.stats.trend` in a word, for a table column.
-SHORT_VERDICT = {
-    "improves": "improves",
-    "degrades": "degrades",
-    "neither degrades nor improves beyond the interval": "neither",
-    "one seed, no verdict": "one seed",
-}
+def curve_words(curve: dict) -> str:
+    """A curve verdict (:func:`~relbias.lab.stats.curve_verdict`) as a table cell: its answer,
+    with the length where it turns or levels off (``"improves, then degrades (512)"``)."""
+    at = curve.get("turns_at") or curve.get("levels_from")
+    return f"{curve['answer']} ({at})" if at else curve["answer"]
 
 
-def short_verdict(change: dict) -> str:
-    """:func:`~relbias.lab.stats.trend`'s verdict in one word: ``"improves"``,
-    ``"degrades"``, ``"neither"`` (the interval of the change holds 0) or ``"one seed"``
-    (no interval)."""
-    return SHORT_VERDICT[change["verdict"]]
-
-
-def change_table(results: dict, methods, *, start: int = 1, end: int | None = None):
+def curve_table(results: dict, methods, *, context: bool = True):
     """Rows and headers of a narrow table, one row per method of ``methods``: bits per byte
-    at ``start`` x and ``end`` x the training length (default: the longest), the per-seed
-    change between them and its verdict in one word (:func:`~relbias.lab.stats.trend`,
-    :func:`short_verdict`), each number as ``mean [low, high]`` over seeds."""
-    end = end or max(row["factor"] for row in results["methods"][methods[0]]["eval"])
+    at the training length and at the longest length (mean [95 % interval] over seeds), the
+    whole curve's verdict (:func:`~relbias.lab.stats.method_curve`, :func:`curve_words`) and,
+    with ``context`` (where the sweep records it), the context-use measure: the long window
+    minus the sliding one on the bytes past the training length, with its verdict
+    (:func:`~relbias.lab.stats.context_verdict`)."""
+    first = results["methods"][methods[0]]["eval"]
+    start, end = first[0]["factor"], first[-1]["factor"]
     rows = []
     for m in methods:
-        change = trend(results, m, start=start, end=end)
-        rows.append(
-            [
-                m,
-                show_interval(at_factor(results, m, start)),
-                show_interval(at_factor(results, m, end)),
-                show_interval(change),
-                short_verdict(change),
-            ]
-        )
-    return rows, ["method", f"{start}x", f"{end}x", "change", "verdict"]
+        row = [
+            m,
+            show_interval(at_factor(results, m, start)),
+            show_interval(at_factor(results, m, end)),
+            curve_words(method_curve(results, m)),
+        ]
+        if context:
+            ctx = context_verdict(results, m)
+            row += [show_interval(ctx, 3), ctx["words"]]
+        rows.append(row)
+    headers = ["method", f"{start}x", f"{end}x", "the whole curve"]
+    if context:
+        headers += ["far context: long - sliding", "verdict"]
+    return rows, headers
 
 
 def bpb_table_by_length(runs: dict, *, digits: int = 2):
@@ -137,23 +134,21 @@ def glue_sweep(prefix: str, results: dict, methods) -> dict:
 
     For the sweep: ``{prefix}_seeds``, ``_steps``, ``_train_len``, ``_commit`` (and
     ``_eval_kb``, ``_files`` for text). For each method ``m`` and each evaluation factor
-    ``f``: ``{prefix}_{m}_bpb{f}`` (``mean [low, high]``); and from the training length to
-    the longest, ``{prefix}_{m}_trend`` (the verdict of :func:`~relbias.lab.stats.trend`) and
-    ``{prefix}_{m}_change`` (the per-seed change, ``mean [low, high]``). Returns
-    ``{"describe": ..., "trend": {m: ...}}`` for the chapter's checks.
+    ``f``: ``{prefix}_{m}_bpb{f}`` (``mean [low, high]``) and ``{prefix}_{m}_curve`` (the
+    whole curve's verdict, :func:`curve_words`). Returns ``{"describe": ..., "curve": {m:
+    ...}}`` for the chapter's checks.
     """
     info = describe(results)
     for key, value in info.items():
         glue(f"{prefix}_{key}", value)
-    trends = {}
+    curves = {}
     for m in methods:
         for row in results["methods"][m]["eval"]:
             f = row["factor"]
             glue(f"{prefix}_{m}_bpb{f}", show_interval(at_factor(results, m, f)))
-        trends[m] = trend(results, m)
-        glue(f"{prefix}_{m}_trend", trends[m]["verdict"])
-        glue(f"{prefix}_{m}_change", show_interval(trends[m]))
-    return {"describe": info, "trend": trends}
+        curves[m] = method_curve(results, m)
+        glue(f"{prefix}_{m}_curve", curve_words(curves[m]))
+    return {"describe": info, "curve": curves}
 
 
 # --- a chapter's live run beside the stored sweep (issue 30) ---------------------------------

@@ -47,6 +47,7 @@ def evaluate_lengths(
     amp_dtype="auto",
     context: bool = True,
     context_stride: int | None = None,
+    span_factor: int | None = None,
 ) -> list[dict]:
     """Bits per byte on validation text at each length ``factor * train_len``.
 
@@ -59,8 +60,10 @@ def evaluate_lengths(
       (rounded up to whole windows of the longest length) in spans of the longest length
       spread evenly across the whole split (:func:`~relbias.lab.data.spread_eval_windows`).
 
-    A span is one window of the longest length. With ``context`` (and a longest length
-    above the training length) the longest length's row also holds the context-use measure
+    A span is one window of the longest length (or of ``span_factor * train_len``: calls
+    that read one length each then read the same spans). With ``context`` (and spans longer
+    than the training length) the row of the span's own length also holds the context-use
+    measure
     (:mod:`relbias.lab.context`): the same spans read again by a sliding window of
     ``train_len`` bytes with stride ``context_stride`` (default :func:`default_context_stride`).
 
@@ -75,8 +78,14 @@ def evaluate_lengths(
     factors = tuple(config.eval_factors if factors is None else factors)
     if not factors or any(isinstance(f, bool) or not isinstance(f, int) or f < 1 for f in factors):
         raise ValueError(f"factors must be integers >= 1, got {factors!r}")
+    bad_span = isinstance(span_factor, bool) or not isinstance(span_factor, int)
+    if span_factor is not None and (bad_span or span_factor < max(factors)):
+        raise ValueError(
+            f"span_factor must be an integer >= the largest factor ({max(factors)}), "
+            f"got {span_factor!r}"
+        )
     device = torch.device(device) if device is not None else next(model.parameters()).device
-    longest = max(factors) * config.train_len
+    longest = (span_factor or max(factors)) * config.train_len
     num_tokens = max(config.eval_tokens // longest, 1) * longest
     model.to(device).eval()
     forward = _reader(model, device, amp_dtype)

@@ -77,8 +77,19 @@ def scaling_for(name: str, factor: float, train_len: int) -> RopeScaling | None:
 
 
 def _bpb_rows(rows, keep_positions: bool = False) -> list[dict]:
-    keys = ("factor", "length", "bpb") + (("loss_by_position",) if keep_positions else ())
-    return [{k: round(r[k], 5) if k == "bpb" else r[k] for k in keys} for r in rows]
+    """The rows an interpolation result keeps: length, bits per byte, each span's mean and
+    the context-use measure (without its sliding loss by position)."""
+    keys = ("factor", "length", "bpb", "bpb_by_span", "context")
+    keys += ("loss_by_position",) if keep_positions else ()
+    out = []
+    for r in rows:
+        row = {k: round(r[k], 5) if k == "bpb" else r[k] for k in keys if k in r}
+        if "context" in row:
+            row["context"] = {
+                k: v for k, v in row["context"].items() if k != "sliding_loss_by_position"
+            }
+        out.append(row)
+    return out
 
 
 def zero_shot(
@@ -94,7 +105,14 @@ def zero_shot(
         rows = []
         for factor in config.eval_factors:
             model.rope_scaling = scaling_for(name, factor, config.train_len)
-            rows += evaluate_lengths(model, corpus_val, config, factors=(factor,), device=device)
+            rows += evaluate_lengths(
+                model,
+                corpus_val,
+                config,
+                factors=(factor,),
+                device=device,
+                span_factor=max(config.eval_factors),
+            )
         out[name] = _bpb_rows(rows, keep_positions)
     model.rope_scaling = None
     return out
@@ -293,3 +311,30 @@ def run_interpolation(
         "interval": swept["interval"],
         "provenance": swept["provenance"],
     }
+
+
+def as_sweep(results: dict, phase: str = "zero_shot", steps: int | None = None) -> dict:
+    """The runs of an interpolation result as a sweep whose methods are its variants, so
+    that the readers of :mod:`relbias.lab.stats` (curves, paired verdicts) take them like
+    any sweep: ``phase="zero_shot"`` (every scaling, no training) or ``"finetuned"`` after
+    ``steps`` fine-tuning steps. Every variant of one seed starts from that seed's trained
+    model (and fine-tunes on the same batches), so two variants are paired by seed."""
+    if phase not in ("zero_shot", "finetuned"):
+        raise ValueError(f"phase must be 'zero_shot' or 'finetuned', got {phase!r}")
+    runs = results["runs"]
+    if phase == "finetuned":
+        held = sorted(int(k) for k in runs[0]["finetuned"][next(iter(runs[0]["finetuned"]))])
+        if steps not in held:
+            raise ValueError(f"steps must be one of {held} for the fine-tuned runs, got {steps!r}")
+    names = list(runs[0][phase])
+    methods = {}
+    for name in names:
+        seeds = {}
+        for run in runs:
+            rows = run[phase][name] if phase == "zero_shot" else run[phase][name][str(steps)]
+            seeds[str(run["seed"])] = {"eval": rows if phase == "zero_shot" else rows["eval"]}
+        first = next(iter(seeds.values()))["eval"]
+        methods[name] = {"eval": [{"factor": r["factor"], "length": r["length"]} for r in first]}
+        methods[name]["seeds"] = seeds
+    kind = f"interpolation_{phase}"
+    return {"kind": kind, "methods": methods, "provenance": results["provenance"]}

@@ -11,7 +11,7 @@ method of its own, so that every reader of a sweep takes it like any method.
 
 from __future__ import annotations
 
-from relbias.lab.stats import interval, row_at
+from relbias.lab.stats import methods_verdict, row_at, verdict
 
 __all__ = [
     "intervention_at",
@@ -38,34 +38,29 @@ def intervention_at(results: dict, method: str, intervention: str, factor: int) 
 def intervention_effect(
     results: dict, method: str, intervention: str, factor: int, *, against: int | None = None
 ) -> dict:
-    """What ``intervention`` does to ``method``'s bits per byte at ``factor`` x, seed by seed
-    (intervened minus as trained: both readings come from the same trained weights): the
-    interval of that change (``mean``, ``low``, ``high``, ``n``) and the ``verdict``:
-    ``"lowers"`` (the whole interval below 0), ``"raises"`` (above 0) or ``"no change
-    beyond the interval"``; ``"one seed, no verdict"`` with one seed.
+    """What ``intervention`` does to ``method``'s bits per byte at ``factor`` x: the verdict
+    (:func:`relbias.lab.stats.verdict`, paired: both readings come from the same trained
+    weights of each seed) of the intervened reading against the reading as trained, with the
+    text's error from their spans where the records keep them. ``"lower"``: the intervention
+    lowers the loss beyond the interval; ``"higher"``: it raises it.
 
     ``against``: compare with the as-trained reading at that factor instead (e.g. 1: does
     the intervened reading at 16x still lie above the model's reading at the training
     length?)."""
     against = factor if against is None else against
-    seeds = results["methods"][method]["seeds"]
-    changes = []
-    for s in sorted(seeds, key=int):
-        record = seeds[s]
-        if intervention not in record.get("interventions", {}):
-            raise ValueError(f"seed {s} of {method!r} holds no intervention {intervention!r}")
-        changed = row_at(record["interventions"][intervention], factor)["bpb"]
-        changes.append(changed - row_at(record, against)["bpb"])
-    change = interval(changes)
-    if change["n"] < 2:
-        verdict = "one seed, no verdict"
-    elif change["high"] < 0:
-        verdict = "lowers"
-    elif change["low"] > 0:
-        verdict = "raises"
-    else:
-        verdict = "no change beyond the interval"
-    return {**change, "verdict": verdict}
+    as_methods = interventions_as_methods(
+        results, method, [intervention], labels={intervention: "intervened"}
+    )
+    if against == factor:
+        return methods_verdict(as_methods, "intervened", method, factor)
+    seeds = as_methods["methods"][method]["seeds"]
+    changed = as_methods["methods"]["intervened"]["seeds"]
+    keys = sorted(seeds, key=int)
+    return verdict(
+        [row_at(changed[s], factor)["bpb"] for s in keys],
+        [row_at(seeds[s], against)["bpb"] for s in keys],
+        paired=True,
+    )
 
 
 def _intervention_rows(record: dict, name: str) -> list[dict]:
@@ -85,7 +80,7 @@ def interventions_as_methods(results: dict, variant: str, names, *, labels=None)
     same trained weights evaluated with one thing changed), each as a method of its own,
     named by ``labels`` (``{name: label}``; ``variant`` may be renamed too; default
     ``"<variant>, <name>"``): its summary rows and every seed's rows, so that
-    :func:`~relbias.lab.stats.at_factor`, :func:`~relbias.lab.stats.trend`,
+    :func:`~relbias.lab.stats.at_factor`, :func:`~relbias.lab.stats.method_curve`,
     :func:`~relbias.lab.stats.loss_within_and_past` and
     :func:`~relbias.lab.plots.plot_bpb_by_length` read it like any method."""
     labels = dict(labels or {})
@@ -101,14 +96,12 @@ def interventions_as_methods(results: dict, variant: str, names, *, labels=None)
 
 
 def paired_change(results: dict, a: str, b: str, factor: int) -> dict:
-    """``a``'s bits per byte at ``factor`` x minus ``b``'s, seed by seed (two methods of
+    """``a``'s bits per byte at ``factor`` x against ``b``'s, seed by seed (two methods of
     ``results`` that hold the same seeds, e.g. a model as trained and with an intervention,
-    from :func:`interventions_as_methods`): mean and 95 % interval of the per-seed change."""
+    from :func:`interventions_as_methods`): :func:`relbias.lab.stats.methods_verdict`."""
     seeds_a, seeds_b = results["methods"][a]["seeds"], results["methods"][b]["seeds"]
     if set(seeds_a) != set(seeds_b):
         raise ValueError(
             f"{a!r} and {b!r} hold different seeds: {sorted(seeds_a)}, {sorted(seeds_b)}"
         )
-    return interval(
-        [row_at(seeds_a[s], factor)["bpb"] - row_at(seeds_b[s], factor)["bpb"] for s in seeds_a]
-    )
+    return methods_verdict(results, a, b, factor)

@@ -24,7 +24,7 @@ from relbias.lab.interpolation import FINETUNE_VARIANTS, SCALINGS
 from relbias.lab.interventions import intervention_at
 from relbias.lab.model import BASELINE_POSITIONS, POSITION_NAMES
 from relbias.lab.results import only
-from relbias.lab.stats import at_factor, shared_seeds
+from relbias.lab.stats import at_factor, paired_seeds
 
 # The widest figure, in inches: a page shows figures about 780 px wide (100 dpi).
 PAGE_WIDTH = 8.0
@@ -335,7 +335,7 @@ def plot_longer_training(short: dict, longer: dict, groups, *, width: float = 11
     fig, axes = figure(width, 4.4, ncols=len(groups))
     for ax, methods in zip(getattr(axes, "flat", [axes]), groups):
         for i, m in enumerate(methods):
-            seeds = [str(s) for s in shared_seeds(short, longer, m)]
+            seeds = paired_seeds(short, m, m, longer)
             color = method_style(m, i)["color"]
             label = f"{m} ({len(seeds)} seed{'s' if len(seeds) > 1 else ''})"
             for results, style in ((longer, "-"), (short, ":")):

@@ -341,20 +341,6 @@ def _turns_at(length, before: list, after: list) -> bool:
     )
 
 
-def separates(a: dict, b: dict) -> bool:
-    """True when the intervals ``a`` and ``b`` (from :func:`interval`) do not overlap.
-
-    An interval with NaN ends (a single seed) never separates.
-    """
-    for name, iv in (("a", a), ("b", b)):
-        if not isinstance(iv, dict) or "low" not in iv or "high" not in iv:
-            raise ValueError(f"{name} must be an interval dict with 'low' and 'high', got {iv!r}")
-    ends = (a["low"], a["high"], b["low"], b["high"])
-    if any(math.isnan(v) for v in ends):
-        return False
-    return a["high"] < b["low"] or b["high"] < a["low"]
-
-
 def levelled_off(curve, *, fraction: float = 0.2, tolerance: float = 0.02) -> dict:
     """Whether a validation curve ``[{"step", "bpb"}, ...]`` has levelled off.
 
@@ -550,21 +536,7 @@ def far_accuracy(results: dict, methods) -> dict:
     return {m: {n: accuracy_at(results, m, n) for n in probe_lengths(results)} for m in methods}
 
 
-# --- verdicts: an order only where the intervals separate ----------------------------------------
-
-
-def compare(results: dict, a: str, b: str, factor: int) -> str:
-    """``"lower"`` or ``"higher"`` when ``a``'s interval at ``factor`` lies wholly below or
-    above ``b``'s, else ``"overlapping"``: the rule before a chapter claims an ordering."""
-    return order(at_factor(results, a, factor), at_factor(results, b, factor))
-
-
-def order(ia: dict, ib: dict) -> str:
-    """``"lower"``, ``"higher"`` or ``"overlapping"``: interval ``ia`` against ``ib`` (from
-    :func:`at_factor`, :func:`accuracy_at` or two different sweeps)."""
-    if not separates(ia, ib):
-        return "overlapping"
-    return "lower" if ia["high"] < ib["low"] else "higher"
+# --- training curves and longer training ----------------------------------------------------
 
 
 def _per_seed_bpb(results: dict, method: str, factor: int, seeds=None) -> list[float]:
@@ -574,36 +546,31 @@ def _per_seed_bpb(results: dict, method: str, factor: int, seeds=None) -> list[f
     return [row_at(records[s], factor)["bpb"] for s in chosen]
 
 
-def trend(results: dict, method: str, *, start: int = 1, end: int | None = None) -> dict:
-    """How ``method``'s bits per byte change from ``start`` x to ``end`` x (default the
-    longest) the training length, over seeds: the interval of the per-seed change
-    (``mean``, ``low``, ``high``) and the ``verdict``: ``"degrades"`` (the whole interval
-    above 0), ``"improves"`` (below 0) or ``"neither degrades nor improves beyond the
-    interval"``; with one seed there is no interval and the verdict is ``"one seed, no
-    verdict"``."""
-    end = end or max(row["factor"] for row in results["methods"][method]["eval"])
-    first = _per_seed_bpb(results, method, start)
-    last = _per_seed_bpb(results, method, end)
-    change = interval([b - a for a, b in zip(first, last)])
-    if change["n"] < 2:
-        verdict = "one seed, no verdict"
-    elif change["low"] > 0:
-        verdict = "degrades"
-    elif change["high"] < 0:
-        verdict = "improves"
-    else:
-        verdict = "neither degrades nor improves beyond the interval"
-    return {**change, "verdict": verdict, "start": start, "end": end}
+#: What :func:`levelled`'s verdict means for a training curve.
+TRAINING_WORDS = {
+    "lower": "still improving",
+    "higher": "rising again",
+    "at the edge": "levels off",
+    "cannot be told apart": "levels off",
+    "one seed": "one seed",
+}
 
 
 def levelled(results: dict, method: str) -> dict:
-    """Whether ``method``'s validation curve at the training length levelled off, per seed:
-    ``seeds`` (how many), ``levelled`` (how many fell by at most 0.02 bits over the last
-    20 % of training) and ``largest_drop`` (bits, the most any seed still fell there)."""
+    """Whether ``method``'s validation curve at the training length levelled off: the
+    per-seed change over the last 20 % of training (the curve's last value minus its value
+    there) handed to :func:`verdict` against 0 (``answer``; ``words``: "still improving"
+    where it still falls beyond the interval, "levels off" where it cannot be told apart
+    from 0, :data:`TRAINING_WORDS`), and per run ``seeds`` (how many), ``levelled`` (how many
+    fell by at most 0.02 bits there, :func:`levelled_off`) and ``largest_drop`` (bits, the
+    most any seed still fell)."""
     per_seed = results["methods"][method]["train"].get("val_levelled", [])
     if not per_seed:
         raise ValueError(f"{method} has no validation curve in these results")
+    v = verdict([-s["drop"] for s in per_seed])
     return {
+        **v,
+        "words": TRAINING_WORDS[v["answer"]],
         "seeds": len(per_seed),
         "levelled": sum(bool(s["levelled"]) for s in per_seed),
         "largest_drop": max(s["drop"] for s in per_seed),
@@ -651,39 +618,6 @@ def nearest_step(by_step: dict, step: int) -> int:
     return min(by_step, key=lambda s: abs(s - step))
 
 
-def spread_of(intervals: dict) -> dict:
-    """How far apart methods are, from one interval each (``{method: interval}``, e.g.
-    their bits per byte at one length): ``highest`` and ``lowest`` (by mean), ``spread``
-    (the difference of those means), ``rest_spread`` (the spread without the highest),
-    ``apart`` (the pairs, in the given order, whose intervals separate: :func:`order`)
-    and ``pairs`` (how many pairs there are)."""
-    if len(intervals) < 2:
-        raise ValueError(f"intervals must hold at least two methods, got {list(intervals)}")
-    names = list(intervals)
-    by_mean = sorted(names, key=lambda m: intervals[m]["mean"])
-    rest = [intervals[m]["mean"] for m in by_mean[:-1]]
-    pairs = [(a, b) for i, a in enumerate(names) for b in names[i + 1 :]]
-    return {
-        "highest": by_mean[-1],
-        "lowest": by_mean[0],
-        "spread": intervals[by_mean[-1]]["mean"] - intervals[by_mean[0]]["mean"],
-        "rest_spread": max(rest) - min(rest),
-        "apart": [(a, b) for a, b in pairs if order(intervals[a], intervals[b]) != "overlapping"],
-        "pairs": len(pairs),
-    }
-
-
-def shared_seeds(short: dict, longer: dict, method: str) -> list[int]:
-    """The seeds of ``method`` that both runs hold."""
-    held = [set(map(int, r["methods"][method]["seeds"])) for r in (short, longer)]
-    seeds = sorted(held[0] & held[1])
-    if not seeds:
-        raise ValueError(
-            f"the runs share no seed of {method}: {sorted(held[0])} and {sorted(held[1])}"
-        )
-    return seeds
-
-
 def longer_training(short: dict, longer: dict, methods) -> dict:
     """The same methods trained ``short`` and ``longer`` (more steps, otherwise the same
     configuration), compared per method on the seeds both runs hold of it (``seeds``):
@@ -704,7 +638,7 @@ def longer_training(short: dict, longer: dict, methods) -> dict:
     end = max(row["factor"] for row in short["methods"][methods[0]]["eval"])
     rows = {}
     for m in methods:
-        seeds = shared_seeds(short, longer, m)
+        seeds = [int(s) for s in paired_seeds(short, m, m, longer)]
         lev = levelled(longer, m)
         rows[m] = {
             "seeds": seeds,
@@ -716,12 +650,6 @@ def longer_training(short: dict, longer: dict, methods) -> dict:
             for at, factor in (("1x", 1), ("end", end)):
                 rows[m][f"{name}_{at}"] = interval(_per_seed_bpb(results, m, factor, seeds))
     return {"steps": [c["steps"] for c in configs], "end": end, "methods": rows}
-
-
-def compare_accuracy(results: dict, a: str, b: str, length: int, distance=None) -> str:
-    """``"lower"``, ``"higher"`` or ``"overlapping"``: ``a``'s recall accuracy against
-    ``b``'s at one length and distance (default the farthest), by their intervals."""
-    return order(*(accuracy_at(results, m, length, distance) for m in (a, b)))
 
 
 # --- the loss past the training length, and a learned table's far edge -----------------

@@ -65,20 +65,18 @@ def test_intervention_effect_is_paired_by_seed():
     # every seed lowered by about 0.9-1.0: the change's interval lies below 0
     changed = [{1: 2.0, 16: 2.1}, {1: 2.1, 16: 2.2}, {1: 1.9, 16: 2.0}]
     effect = interventions.intervention_effect(ablation(PLAIN, changed), "fire", "clamp", 16)
-    assert effect["verdict"] == "lowers"
+    assert effect["answer"] == "lower" and effect["paired"]
     assert effect["mean"] == pytest.approx(-0.9333333, abs=1e-6)
     # no change at 1x: the interval is a point at 0, neither side
     same = interventions.intervention_effect(ablation(PLAIN, changed), "fire", "clamp", 1)
-    assert same["verdict"] == "no change beyond the interval"
+    assert same["answer"] == "cannot be told apart"
     # raised by seed-dependent amounts that all exceed 0
     raised = [{1: 2.0, 16: 3.5}, {1: 2.1, 16: 3.6}, {1: 1.9, 16: 3.3}]
     raised_effect = interventions.intervention_effect(ablation(PLAIN, raised), "fire", "clamp", 16)
-    assert raised_effect["verdict"] == "raises"
+    assert raised_effect["answer"] == "higher"
     # one seed: no verdict
     one = ablation(PLAIN[:1], changed[:1])
-    assert interventions.intervention_effect(one, "fire", "clamp", 16)["verdict"] == (
-        "one seed, no verdict"
-    )
+    assert interventions.intervention_effect(one, "fire", "clamp", 16)["answer"] == "one seed"
 
 
 def test_plot_interventions_draws_one_point_per_reading():
@@ -98,4 +96,4 @@ def test_intervention_effect_against_the_training_length():
     )
     assert effect["mean"] == pytest.approx(0.1) and effect["n"] == 3
     # a constant change has no spread: the interval is the point 0.1, above 0
-    assert effect["verdict"] == "raises"
+    assert effect["answer"] == "higher"

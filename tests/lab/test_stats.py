@@ -1,11 +1,12 @@
-"""Intervals over seeds: the t quantile (SciPy's), the t-interval, separation, levelling off."""
+"""Intervals over seeds: the t quantile (SciPy's), the t-interval, levelling off (the verdict
+itself: test_verdict.py)."""
 
 import math
 
 import pytest
 from scipy import stats as scipy_stats
 
-from relbias.lab.stats import interval, levelled_off, separates, t_quantile
+from relbias.lab.stats import interval, levelled_off, t_quantile, verdict
 
 # Two-sided 95 % quantiles of Student's t from printed tables (e.g. NIST/SEMATECH).
 TABLE_95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 10: 2.228, 30: 2.042}
@@ -40,15 +41,7 @@ def test_interval_of_three_seeds():
 def test_one_seed_has_no_interval_and_separates_nothing():
     iv = interval([1.5])
     assert iv["mean"] == 1.5 and math.isnan(iv["low"]) and math.isnan(iv["high"])
-    assert not separates(iv, interval([9.0, 9.1, 9.2]))
-
-
-def test_separates():
-    low = interval([1.0, 1.1, 0.9])
-    high = interval([5.0, 5.1, 4.9])
-    close = interval([1.05, 1.2, 0.95])
-    assert separates(low, high) and separates(high, low)
-    assert not separates(low, close)
+    assert verdict([1.5], [9.0, 9.1, 9.2], paired=False)["answer"] == "one seed"
 
 
 @pytest.mark.parametrize(
@@ -58,7 +51,6 @@ def test_separates():
         (lambda: interval([1.0, float("nan")]), "finite"),
         (lambda: interval([1.0, 2.0], confidence=1.5), "confidence"),
         (lambda: t_quantile(0.95, 0), "df"),
-        (lambda: separates({"low": 1.0}, interval([1.0, 2.0])), "interval dict"),
         (lambda: levelled_off([{"step": 1, "bpb": 2.0}]), "two points"),
         (lambda: levelled_off([], fraction=2), "fraction"),
     ],

@@ -61,7 +61,7 @@ def _results(per_method, first_seed=0):
     }
 
 
-def test_compare_claims_an_order_only_where_the_intervals_separate():
+def test_methods_verdict_is_paired_by_seed():
     res = _results(
         {
             "low": [[1.0, 1.0, 1.0], [1.01, 1.0, 1.0], [0.99, 1.0, 1.0]],
@@ -69,45 +69,45 @@ def test_compare_claims_an_order_only_where_the_intervals_separate():
             "noisy": [[0.5, 1.0, 1.0], [2.5, 1.0, 1.0], [1.5, 1.0, 1.0]],
         }
     )
-    assert stats.compare(res, "low", "high", 1) == "lower"
-    assert stats.compare(res, "high", "low", 1) == "higher"
-    assert stats.compare(res, "noisy", "low", 1) == "overlapping"
-    assert stats.compare(res, "noisy", "high", 1) == "overlapping"
+    assert stats.methods_verdict(res, "low", "high", 1)["answer"] == "lower"
+    assert stats.methods_verdict(res, "high", "low", 1)["answer"] == "higher"
+    assert stats.methods_verdict(res, "noisy", "low", 1)["answer"] == "cannot be told apart"
+    v = stats.methods_verdict(res, "low", "high", 1)
+    assert v["paired"] and v["seeds"] == [0, 1, 2] and v["error"] is None  # no spans kept
     other = _results({"low": [[3.0, 3.0, 3.0], [3.01, 3.0, 3.0], [2.99, 3.0, 3.0]]})
-    assert stats.order(stats.at_factor(res, "low", 1), stats.at_factor(other, "low", 1)) == (
-        "lower"
-    )
+    assert stats.methods_verdict(res, "low", "low", 1, other=other)["answer"] == "lower"
 
 
-def test_compare_agrees_with_the_intervals_over_random_sweeps():
+def test_methods_verdict_agrees_with_the_paired_t_test_over_random_sweeps():
+    from scipy import stats as scipy_stats
+
     rng = random.Random(0)
     for _ in range(200):
         per = {m: [[rng.gauss(mu, 0.3)] * 3 for _ in range(3)] for m, mu in (("a", 0), ("b", 0.5))}
-        res = _results(per)
-        a = interval([s[0] for s in per["a"]])
-        b = interval([s[0] for s in per["b"]])
-        verdict = stats.compare(res, "a", "b", 1)
-        if a["high"] < b["low"]:
-            assert verdict == "lower"
-        elif b["high"] < a["low"]:
-            assert verdict == "higher"
-        else:
-            assert verdict == "overlapping"
+        v = stats.methods_verdict(_results(per), "a", "b", 1)
+        a, b = [s[0] for s in per["a"]], [s[0] for s in per["b"]]
+        p = scipy_stats.ttest_rel(a, b).pvalue
+        assert (v["answer"] in ("lower", "higher")) == (p < 0.05)
+        if v["answer"] == "lower":
+            assert sum(a) < sum(b)
 
 
-def test_trend_uses_the_per_seed_change():
+def test_method_curve_reads_the_per_seed_changes():
     # The seeds differ a lot from each other but each degrades by about 0.5: the paired
     # change is clear even though the two lengths' intervals overlap.
     res = _results({"m": [[1.0, 1.2, 1.5], [2.0, 2.2, 2.51], [3.0, 3.2, 3.49]]})
-    assert stats.compare(res, "m", "m", 1) == "overlapping"
-    t = stats.trend(res, "m")
-    assert t["verdict"] == "degrades" and t["end"] == 4
-    assert t["mean"] == pytest.approx(0.5)
+    seeds = [[r["bpb"] for r in rec["eval"]] for rec in res["methods"]["m"]["seeds"].values()]
+    assert (
+        stats.verdict([s[0] for s in seeds], [s[2] for s in seeds], paired=False)["answer"]
+        == "cannot be told apart"
+    )
+    curve = stats.method_curve(res, "m")
+    assert curve["answer"] == "degrades" and list(curve["by_length"]) == [16, 32, 64]
+    assert {(c["start"], c["end"]) for c in curve["rises"]} == {(16, 32), (16, 64), (32, 64)}
     better = _results({"m": [[1.5, 1.2, 1.0], [2.5, 2.2, 2.01], [3.5, 3.2, 2.99]]})
-    assert stats.trend(better, "m")["verdict"] == "improves"
+    assert stats.method_curve(better, "m")["answer"] == "improves"
     mixed = _results({"m": [[1.0, 1.0, 1.3], [1.0, 1.0, 0.7], [1.0, 1.0, 1.05]]})
-    assert stats.trend(mixed, "m")["verdict"] == "neither degrades nor improves beyond the interval"
-    assert stats.trend(mixed, "m", end=2)["mean"] == pytest.approx(0.0)
+    assert stats.method_curve(mixed, "m")["answer"] == "cannot be told apart"
 
 
 def test_table_describe_levelled_and_figure():
@@ -129,6 +129,7 @@ def test_table_describe_levelled_and_figure():
     }
     lev = stats.levelled(res, "a")
     assert lev["seeds"] == 3 and lev["levelled"] == 0 and lev["largest_drop"] > 0.19
+    assert lev["answer"] == "lower" and lev["words"] == "still improving"
     fig = plots.plot_sweep(res, ["a", "b"])
     assert len(fig.axes) == 2
 
@@ -176,7 +177,7 @@ def test_bad_input_is_named():
     with pytest.raises(ValueError, match=r"methods \['zz'\] are not in the results"):
         results.only(res, ["zz"])
     with pytest.raises(ValueError, match="factor must be one of"):
-        stats.compare(res, "a", "a", 3)
+        stats.methods_verdict(res, "a", "a", 3)
 
 
 def test_spread_by_step_follows_the_validation_curves():
@@ -381,7 +382,7 @@ def test_longer_training_compares_the_shared_seeds_of_each_method():
     wider = {**longer, "provenance": {"config": {"train_len": 32, "steps": 5000}}}
     with pytest.raises(ValueError, match=r"differ in \['steps', 'train_len'\]"):
         stats.longer_training(short, wider, ["a"])
-    with pytest.raises(ValueError, match="share no seed of a"):
+    with pytest.raises(ValueError, match="share no seed"):
         stats.longer_training(short, _longer(_results({"a": [[1.0] * 3]}, 7), 5000), ["a"])
 
 
@@ -405,19 +406,3 @@ def test_far_penalty_reads_the_learned_tables_of_every_seed():
     assert out["lowest_far"] == 3 and out["heads"] == 4 and out["offset"] == 2
     with pytest.raises(ValueError, match="no learned-bias read-back"):
         readback.far_penalty(_results({"h": [[1.0, 1.0, 1.0]] * 2}), "h")
-
-
-def test_spread_of_gives_the_extremes_and_the_pairs_that_separate():
-    ivs = {
-        "a": {"mean": 2.0, "low": 1.9, "high": 2.1},
-        "b": {"mean": 1.5, "low": 1.4, "high": 1.6},
-        "c": {"mean": 1.55, "low": 1.45, "high": 1.65},
-    }
-    out = stats.spread_of(ivs)
-    assert (out["highest"], out["lowest"]) == ("a", "b")
-    assert out["spread"] == pytest.approx(0.5) and out["rest_spread"] == pytest.approx(0.05)
-    assert out["apart"] == [("a", "b"), ("a", "c")] and out["pairs"] == 3
-    one_seed = {"mean": 1.0, "low": math.nan, "high": math.nan}
-    assert stats.spread_of({"a": ivs["a"], "d": one_seed})["apart"] == []
-    with pytest.raises(ValueError, match="at least two methods"):
-        stats.spread_of({"a": ivs["a"]})

@@ -1,0 +1,83 @@
+"""The setting box at the top of every chapter: which book, which model, which text, which
+runs (BOOK_STYLE's first element), computed from the configurations and the stored sweeps.
+
+:func:`setting_box` displays it as MyST (the build renders Markdown outputs as MyST), four
+lines in the same layout in every chapter, so that a student who opens any chapter knows
+what "the book", "the model" and each number refer to.
+"""
+
+from __future__ import annotations
+
+from IPython.display import Markdown
+from IPython.display import display as _display
+
+from relbias.lab.config import Config, get_config
+from relbias.lab.data import load_corpus
+from relbias.lab.results import describe, load_stored
+from relbias.lab.training import build_model
+
+__all__ = ["setting_box", "setting_text"]
+
+#: How a stored sweep is named in the box, by kind of :func:`relbias.lab.results.load_stored`.
+SWEEP_WORDS = {
+    "extrapolation": "the medium sweep",
+    "extrapolation_15000": "the medium sweep trained longer",
+    "retrieval": "the recall probe",
+}
+
+
+def _model_line(config: Config) -> str:
+    params = sum(p.numel() for p in build_model("nope", config).parameters())
+    return (
+        f"**The model**: TinyLM, a byte-level decoder of {config.depth} layers, width "
+        f"{config.dim} and {config.heads} heads of dimension {config.dim // config.heads} "
+        f"(about {round(params, -3) // 1000:,} thousand parameters without positions)."
+    )
+
+
+def _text_line(config: Config) -> str:
+    corpus = load_corpus(max_bytes=config.corpus_bytes)
+    files = corpus.describe(with_files=False)["num_files"]
+    return (
+        "**The text**: the Python standard library's own source as bytes (nothing is "
+        f"downloaded): {corpus.train.numel() / 1e6:.1f} MB of {files['train']} files to train "
+        f"on, {corpus.val.numel() / 1e6:.1f} MB of {files['val']} other files held out."
+    )
+
+
+def _sweep_words(kind: str) -> str:
+    info = describe(load_stored(kind))
+    steps = f"{info['probe_steps']:,}" if "probe_steps" in info else f"{info['steps']:,}"
+    return (
+        f"{SWEEP_WORDS.get(kind, kind)} ($m_l$ = {info['train_len']} bytes, {steps} steps, "
+        f"{info['seeds']} seeds)"
+    )
+
+
+def setting_text(config: Config, findings=("extrapolation_15000",)) -> str:
+    """The box as MyST: ``config`` is the live run's configuration, ``findings`` the kinds of
+    the stored sweeps the chapter's findings use (:func:`relbias.lab.results.load_stored`)."""
+    stored = get_config("medium")
+    live = (
+        f"**The runs**: the live demo below trains `{config.name}` ($m_l$ = "
+        f"{config.train_len} bytes, {config.steps:,} steps, one seed); the findings use "
+    )
+    kinds = list(findings)
+    if not kinds:
+        raise ValueError("findings must name at least one stored sweep")
+    sweeps = [_sweep_words(k) for k in kinds]
+    live += (", ".join(sweeps[:-1]) + " and " + sweeps[-1]) if len(sweeps) > 1 else sweeps[0]
+    lines = [
+        "**The book** is Xiao and Zhu's *Foundations of Large Language Models* "
+        "{cite:p}`xiao2025foundations`; these pages are a companion to its §2.3.5.",
+        _model_line(stored),
+        _text_line(stored),
+        live + ". {ref}`Chapter 1 <sec-setting>` says more.",
+    ]
+    body = "\n".join(f"- {line}" for line in lines)
+    return f":::{{admonition}} The setting\n:class: note\n\n{body}\n:::\n"
+
+
+def setting_box(config: Config, findings=("extrapolation_15000",)) -> None:
+    """Display :func:`setting_text` (as a Markdown output: MyST in the built book)."""
+    _display(Markdown(setting_text(config, findings)))
