@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 
 from relbias.book.display import glue, show_table
-from relbias.lab.results import describe, seed_count
+from relbias.lab.results import describe, load_stored, seed_count
 from relbias.lab.stats import accuracy_at, at_factor, context_verdict, method_curve
 
 __all__ = [
@@ -24,7 +24,9 @@ __all__ = [
     "curve_words",
     "far_accuracy_table",
     "glue_sweep",
+    "records_context",
     "show_interval",
+    "strongest_with_context",
 ]
 
 
@@ -109,6 +111,29 @@ def curve_table(results: dict, methods, *, context: bool = True):
     if context:
         headers += ["far context: long - sliding", "verdict"]
     return rows, headers
+
+
+#: The stored text sweeps, longest-trained first (the order a finding looks for evidence in).
+TEXT_SWEEPS = ("extrapolation_15000", "extrapolation")
+
+
+def records_context(results: dict, method: str) -> bool:
+    """Whether every seed of ``method`` in ``results`` records the context-use measure."""
+    seeds = results["methods"].get(method, {}).get("seeds", {})
+    return bool(seeds) and all(
+        any("context" in row for row in rec["eval"]) for rec in seeds.values()
+    )
+
+
+def strongest_with_context(method: str, kinds=TEXT_SWEEPS) -> tuple[str, dict]:
+    """The longest-trained stored sweep of ``kinds`` whose runs of ``method`` record the
+    context-use measure: ``(kind, results)``. A finding about the context past the training
+    length states it on these, and says which (its steps)."""
+    for kind in kinds:
+        results = load_stored(kind)
+        if records_context(results, method):
+            return kind, results
+    raise ValueError(f"no stored sweep of {list(kinds)} records the context measure of {method}")
 
 
 def bpb_table_by_length(runs: dict, *, digits: int = 2):

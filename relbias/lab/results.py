@@ -253,15 +253,19 @@ def load_stored(kind: str = "extrapolation") -> dict:
     """The stored sweep ``kind`` (one of :data:`STORED`'s keys).
 
     A kind stored in several files comes as one sweep (:func:`join_parts`): each method
-    summarised over every seed any file holds of it."""
+    summarised over every seed any file holds of it. An entry ``(name, methods)`` of
+    :data:`STORED` reads file ``name`` without ``methods`` (runs a later file holds again)."""
     if kind not in STORED:
         raise ValueError(f"kind must be one of {list(STORED)}, got {kind!r}")
     names = STORED[kind] if isinstance(STORED[kind], tuple) else (STORED[kind],)
     parts = []
-    for name in names:
+    for entry in names:
+        name, dropped = (entry, ()) if isinstance(entry, str) else entry
         results = load_results(name)
         if "seeds" not in results:
             raise ValueError(f"{name}.json holds no multi-seed sweep")
+        if dropped:  # methods a later file holds again (rerun with more recorded)
+            results = only(results, [m for m in results["methods"] if m not in dropped])
         parts.append(results)
     return join_parts(parts)
 
