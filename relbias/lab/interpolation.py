@@ -334,7 +334,19 @@ def as_sweep(results: dict, phase: str = "zero_shot", steps: int | None = None) 
             rows = run[phase][name] if phase == "zero_shot" else run[phase][name][str(steps)]
             seeds[str(run["seed"])] = {"eval": rows if phase == "zero_shot" else rows["eval"]}
         first = next(iter(seeds.values()))["eval"]
-        methods[name] = {"eval": [{"factor": r["factor"], "length": r["length"]} for r in first]}
-        methods[name]["seeds"] = seeds
+        summary = []
+        for i, r in enumerate(first):
+            iv = interval([rec["eval"][i]["bpb"] for rec in seeds.values()])
+            summary.append(
+                {
+                    "factor": r["factor"],
+                    "length": r["length"],
+                    "bpb": iv["mean"],
+                    "bpb_low": iv["low"],
+                    "bpb_high": iv["high"],
+                    "n": iv["n"],
+                }
+            )
+        methods[name] = {"eval": summary, "seeds": seeds}
     kind = f"interpolation_{phase}"
     return {"kind": kind, "methods": methods, "provenance": results["provenance"]}

@@ -21,7 +21,9 @@ blocked (and counted as a failure), and the test checks that:
   ``_config.yml``; a chapter that calls ``nb.explorer`` has its static explorers in the page,
   and moving any control of one (as a reader: the arrow keys on a slider, picking an option,
   a click on a checkbox) shows another figure, with no kernel and no network; the
-  bibliography labels entries "Author et al., Year", as the citations in the text read.
+  bibliography labels entries "Author et al., Year", as the citations in the text read;
+  every heading of the notebook's markdown is a heading of the page, and no literal block
+  that is not a code cell shows markdown or MyST syntax.
 
 Every problem of a page is reported together, and a failing page's screenshot is saved under
 ``artifacts/screenshots/``. The test never downloads a browser: it needs
@@ -512,6 +514,86 @@ def test_page_in_chromium(browser, server, bibliography, page_name, mode, width)
         context.close()
 
 
+HEADINGS_JS = """() => Array.from(document.querySelectorAll(
+    'main h1, main h2, main h3, main h4, main h5, main h6')).map(h => h.innerText)"""
+# Literal blocks of the page that are not a code cell's input or output: [language, text].
+LITERALS_JS = """() => Array.from(document.querySelectorAll('main div[class*="highlight-"]'))
+    .filter(d => !d.closest('.cell'))
+    .map(d => [(d.className.match(/highlight-([\\w-]+)/) || [null, ''])[1], d.innerText])"""
+# Markdown or MyST that should have been rendered: roles and directives anywhere; in a block
+# of no programming language also headings, bold, links and dropdown fences.
+MYST_SYNTAX = re.compile(
+    r"\{(glue|ref|numref|cite|doc|eq|math)(:\w+)?\}`|^\s*(```+|:::+)\s*\{", re.M
+)
+MARKDOWN_SYNTAX = re.compile(r"^#{1,6} \S|\*\*[^*\n]+\*\*|\]\([^)\s]+\)", re.M)
+PLAIN_LANGUAGES = {"", "default", "none", "text", "md", "markdown", "myst"}
+
+
+def markdown_headings(page_name: str) -> list[str]:
+    """The headings of the page's notebook's markdown cells (outside fenced blocks)."""
+    path = ROOT / f"{page_name}.ipynb"
+    if not path.is_file():
+        return []
+    found = []
+    for cell in json.loads(path.read_text(encoding="utf-8"))["cells"]:
+        if cell["cell_type"] != "markdown":
+            continue
+        fence = None
+        for line in "".join(cell["source"]).splitlines():
+            opened = re.match(r"^\s*(`{3,}|:{3,})", line)
+            if opened:
+                mark = opened.group(1)
+                if fence is None:
+                    fence = mark
+                elif (
+                    mark[0] == fence[0]
+                    and len(mark) >= len(fence)
+                    and not line.strip()[len(mark) :]
+                ):
+                    fence = None
+                continue
+            heading = re.match(r"^(#{1,6})\s+(.*)$", line)
+            if heading and fence is None:
+                found.append(heading.group(2))
+    return found
+
+
+def _plain(text: str) -> str:
+    """A heading's words without markup, for comparing the source with the page."""
+    text = re.sub(r"\{[a-z:-]+\}`([^`<]*)(<[^>]*>)?`", r"\1", text)  # roles: their text
+    text = re.sub(r"\$[^$]*\$", "", text)  # maths renders differently
+    return re.sub(r"[^0-9a-z]+", "", text.lower())
+
+
+def _check_rendering(page, page_name: str, problems: list[str]) -> None:
+    """Every heading of the notebook's markdown is a heading of the page, and no literal block
+    that is not a code cell shows markdown or MyST syntax (a fence closed too early or too
+    late turns the rest of a section into a code block)."""
+    shown = {_plain(h) for h in page.evaluate(HEADINGS_JS)}
+    missing = [h for h in markdown_headings(page_name) if _plain(h) and _plain(h) not in shown]
+    if missing:
+        problems.append(f"markdown headings that are not headings of the page: {missing[:5]}")
+    for language, text in page.evaluate(LITERALS_JS):
+        raw = MYST_SYNTAX.search(text) or (
+            language in PLAIN_LANGUAGES and MARKDOWN_SYNTAX.search(text)
+        )
+        if raw:
+            problems.append(
+                f"a literal block ({language or 'no language'}) shows unrendered syntax "
+                f"{raw.group(0)!r}: {text[:120]!r}"
+            )
+
+
+def test_markdown_headings_skip_fenced_blocks():
+    # a heading inside a fenced block is not a heading; ``{dropdown}`` blocks are skipped
+    # like code (what they hold is checked by the page's headings anyway)
+    assert "Learning goals" in markdown_headings("book/08_side_by_side")
+    assert _plain("Sixteen times the training length") == "sixteentimesthetraininglength"
+    assert _plain("T5's buckets, {ref}`Fig. 1 <fig-x>`") == "t5sbucketsfig1"
+    assert MYST_SYNTAX.search("see {ref}`sec-x`") and MYST_SYNTAX.search("````{dropdown} x")
+    assert MARKDOWN_SYNTAX.search("## Chapter map") and not MARKDOWN_SYNTAX.search("x = a ** 2")
+
+
 def _check_once_per_page(page, page_name: str, bibliography, problems: list[str]) -> None:
     """What depends on neither mode nor width: launch buttons, citations, explorers."""
     owner, name, branch = repository()
@@ -536,4 +618,5 @@ def _check_once_per_page(page, page_name: str, bibliography, problems: list[str]
         elif _norm_citation(label) not in _norm_citation(cite["text"]):
             problems.append(f"citation {cite['text']!r} differs from its label {label!r}")
 
+    _check_rendering(page, page_name, problems)
     _check_explorers(page, page_name, problems)  # last: it moves controls
