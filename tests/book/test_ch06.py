@@ -97,3 +97,78 @@ def test_intervention_effect_against_the_training_length():
     assert effect["mean"] == pytest.approx(0.1) and effect["n"] == 3
     # a constant change has no spread: the interval is the point 0.1, above 0
     assert effect["answer"] == "higher"
+
+
+# --- relbias.book.fire: FIRE's inputs and which clamps move any -----------------------------
+
+from relbias.book import fire as fire_book  # noqa: E402
+
+
+def test_trained_offset_alike_is_the_offset_in_the_last_row_and_nearer_past_it():
+    c, L = 0.35, 120.0
+    # in the last training row itself: the same offset
+    assert fire_book.trained_offset_alike(c, L, 10, 127, 128) == pytest.approx(10)
+    # past L the same key reads the input of a nearer key of the last training row
+    alike = fire_book.trained_offset_alike(c, L, 100, 2047, 128)
+    assert 1 < alike < 100
+    want = fire_book.psi(c, 100) / fire_book.psi(c, 2047)
+    assert fire_book.psi(c, alike) / fire_book.psi(c, 127) == pytest.approx(want)
+    with pytest.raises(ValueError, match="offset and query"):
+        fire_book.trained_offset_alike(c, L, -1, 10, 128)
+
+
+def _clamp_ablation(min_trained: float, max_trained: float) -> dict:
+    """One FIRE variant, three seeds; each clamp raises the 16x reading by 0.1, 0.2, 0.3."""
+
+    def plain(s):
+        return {1: 2.0 + 0.01 * s, 16: 3.0 + 0.02 * s}
+
+    def clamped(k, s):
+        return {1: 2.0 + 0.01 * s, 16: 3.0 + 0.1 * (k + 1) + 0.02 * s}
+
+    seeds = {
+        str(s): {
+            "c": 0.35,
+            "L": 120.0,
+            "min_trained_input": min_trained,
+            "max_trained_input": max_trained,
+            "eval": _rows(plain(s)),
+            "interventions": {
+                name: {"eval": _rows(clamped(k, s))} for k, name in enumerate(fire_book.FIRE_CLAMPS)
+            },
+        }
+        for s in range(3)
+    }
+    inter = {
+        name: {"eval": _summary_rows([clamped(k, s) for s in range(3)])}
+        for k, name in enumerate(fire_book.FIRE_CLAMPS)
+    }
+    summary = _summary_rows([plain(s) for s in range(3)])
+    return {"methods": {"fire": {"eval": summary, "seeds": seeds, "interventions": inter}}}
+
+
+def test_clamp_applies_only_where_the_reading_leaves_the_trained_range():
+    low, high = fire_book.eval_input_range({"c": 0.35, "L": 120.0}, 2048)
+    assert high == pytest.approx(1.0)
+    assert low == pytest.approx(fire_book.psi(0.35, 1) / fire_book.psi(0.35, 2047))
+    # trained up to 1 and down to offset 1 at query 127: a near gap, no far end
+    plain = _clamp_ablation(fire_book.psi(0.35, 1) / fire_book.psi(0.35, 127), 1.0)
+    assert fire_book.clamp_applies(plain, "fire", "clamp_near", 16)
+    assert not fire_book.clamp_applies(plain, "fire", "clamp_far", 16)
+    assert fire_book.clamp_applies(plain, "fire", "clamp_both", 16)
+    assert fire_book.clamp_cell(plain, "fire", "clamp_far", 16) == "n/a (changes no input)"
+    assert fire_book.clamp_cell(plain, "fire", "clamp_near", 16).endswith(": higher")
+    # trained at every query (the smallest input already seen), rows short of 1: a far end
+    shifted = _clamp_ablation(low, 0.85)
+    assert not fire_book.clamp_applies(shifted, "fire", "clamp_near", 16)
+    assert fire_book.clamp_applies(shifted, "fire", "clamp_far", 16)
+    with pytest.raises(ValueError, match="clamp must be one of"):
+        fire_book.clamp_applies(plain, "fire", "clamp_middle", 16)
+
+
+def test_plot_fire_clamps_draws_only_the_clamps_that_move_an_input():
+    plain = _clamp_ablation(fire_book.psi(0.35, 1) / fire_book.psi(0.35, 127), 1.0)
+    fig = fire_book.plot_fire_clamps(plain, ["fire"], 16)
+    ax = fig.axes[0]
+    assert len(ax.containers) == 2  # as trained and clamp_near; clamp_far is n/a
+    assert [t.get_text() for t in ax.texts] == ["n/a"]

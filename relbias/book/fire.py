@@ -1,0 +1,144 @@
+"""Chapter 6's reading of FIRE's inputs and of the stored FIRE ablation.
+
+- :func:`psi`, :func:`trained_offset_alike`: FIRE's log transform, and which offset of a
+  training row gives a key of a longer row its input (the squeeze past the threshold);
+- :func:`eval_input_range`, :func:`clamp_applies`: whether an ablation's clamp changes any
+  input of a reading at all (a clamp into a range that already holds every input the
+  reading needs is empty by construction: its reading *is* the model as trained);
+- :func:`clamp_cell`, :func:`plot_fire_clamps`: the clamped readings as a table cell and a
+  figure, with "n/a" where a clamp is empty.
+
+The ablation's records (:func:`relbias.lab.ablations.fire_variants`) keep, per seed, the
+learned ``c`` and ``L`` and the smallest and largest nonzero input training produced
+(``min_trained_input``, ``max_trained_input``); a clamp lifts the inputs below the first to
+it (``clamp_near``), lowers those above the second to it (``clamp_far``), or both.
+"""
+
+from __future__ import annotations
+
+import math
+
+from relbias.book.plots import figure
+from relbias.book.sweeps import show_interval
+from relbias.lab.interventions import intervention_at, intervention_effect
+from relbias.lab.stats import at_factor, row_at
+
+__all__ = [
+    "FIRE_CLAMPS",
+    "clamp_applies",
+    "clamp_cell",
+    "eval_input_range",
+    "plot_fire_clamps",
+    "psi",
+    "trained_offset_alike",
+]
+
+#: The clamps of the stored FIRE ablation, in the order its records hold them.
+FIRE_CLAMPS = ("clamp_near", "clamp_far", "clamp_both")
+#: Inputs are stored with 5 decimals: closer than this counts as the same input.
+TOLERANCE = 1e-4
+
+
+def psi(c: float, x: float) -> float:
+    """FIRE's log transform ``log(|c| x + 1)``."""
+    return math.log1p(abs(c) * x)
+
+
+def trained_offset_alike(c: float, L: float, offset: float, query: int, train_len: int) -> float:
+    """The offset ``d'`` whose input in the last row of training (query ``train_len - 1``)
+    equals the input of ``offset`` at ``query``:
+    ``psi(d') / psi(max(L, m_l - 1)) = psi(offset) / psi(max(L, query))``. In that row
+    itself ``d' = offset``; a key of a later query past the threshold reads the input that
+    training gave a nearer key (``d' < offset``)."""
+    if offset < 0 or query < 0 or train_len < 1:
+        raise ValueError(
+            f"offset and query must be >= 0 and train_len >= 1, got {offset}, {query}, {train_len}"
+        )
+    target = psi(c, offset) * psi(c, max(L, train_len - 1)) / psi(c, max(L, query))
+    return math.expm1(target) / abs(c)
+
+
+def eval_input_range(record: dict, length: int) -> tuple[float, float]:
+    """The smallest nonzero and the largest MLP input of a reading of ``length`` tokens by the
+    model of ``record`` (one seed of the ablation: its learned ``c`` and ``L``): offset 1 and
+    the farthest key of the last query ``length - 1``, over ``psi(max(L, length - 1))``."""
+    if length < 2:
+        raise ValueError(f"length must be >= 2 (a nonzero offset), got {length}")
+    c, L = record["c"], record["L"]
+    last = length - 1
+    denominator = psi(c, max(L, last))
+    return psi(c, 1) / denominator, psi(c, last) / denominator
+
+
+def clamp_applies(ablation: dict, variant: str, clamp: str, factor: int) -> bool:
+    """Whether ``clamp`` changes any input of ``variant``'s reading at ``factor`` x the
+    training length in at least one seed: ``clamp_near`` where the reading's smallest nonzero
+    input lies below the smallest trained one, ``clamp_far`` where its largest lies above the
+    largest trained one, ``clamp_both`` where either does. Where it changes none the clamped
+    reading is the model as trained, by construction (a table shows "n/a")."""
+    if clamp not in FIRE_CLAMPS:
+        raise ValueError(f"clamp must be one of {FIRE_CLAMPS}, got {clamp!r}")
+    applies = []
+    for record in ablation["methods"][variant]["seeds"].values():
+        low, high = eval_input_range(record, row_at(record, factor)["length"])
+        near = low < record["min_trained_input"] - TOLERANCE
+        far = high > record["max_trained_input"] + TOLERANCE
+        applies.append({"clamp_near": near, "clamp_far": far, "clamp_both": near or far}[clamp])
+    return any(applies)
+
+
+def clamp_cell(ablation: dict, variant: str, clamp: str, factor: int) -> str:
+    """A table cell: what ``clamp`` does to ``variant``'s bits per byte at ``factor`` x, the
+    paired change (clamped minus as trained, the same weights read twice:
+    :func:`relbias.lab.interventions.intervention_effect`) with 3 decimals and its verdict,
+    or ``"n/a (changes no input)"`` where the clamp is empty by construction."""
+    if not clamp_applies(ablation, variant, clamp, factor):
+        return "n/a (changes no input)"
+    effect = intervention_effect(ablation, variant, clamp, factor)
+    return f"{show_interval(effect, 3)}: {effect['answer']}"
+
+
+def plot_fire_clamps(
+    ablation: dict, variants, factor: int, clamps=("clamp_near", "clamp_far"), *, width=8.0
+):
+    """Bits per byte at ``factor`` x for each variant as trained and with each clamp that
+    changes any of its inputs (mean over seeds, bar: 95 % interval), one group per variant;
+    a clamp that changes no input is not drawn and reads "n/a". A dotted line per group marks
+    the variant's reading at the training length."""
+    fig, ax = figure(width, 3.4)
+    readings = ["as trained", *clamps]
+    step = 0.8 / len(readings)
+    handles = {}
+    for k, variant in enumerate(variants):
+        trained = at_factor(ablation, variant, factor)
+        ax.hlines(
+            at_factor(ablation, variant, 1)["mean"],
+            k - 0.45,
+            k + 0.45,
+            colors="grey",
+            linestyles=":",
+            lw=1,
+        )
+        for r, reading in enumerate(readings):
+            x, color = k - 0.4 + step * (r + 0.5), f"C{r}"
+            if reading != "as trained" and not clamp_applies(ablation, variant, reading, factor):
+                ax.annotate(
+                    "n/a", (x, trained["mean"]), ha="center", va="center", fontsize=8, color=color
+                )
+                continue
+            iv = (
+                trained
+                if reading == "as trained"
+                else intervention_at(ablation, variant, reading, factor)
+            )
+            err = [[iv["mean"] - iv["low"]], [iv["high"] - iv["mean"]]]
+            handles[reading] = ax.errorbar(
+                [x], [iv["mean"]], yerr=err, fmt="o", ms=4, capsize=3, color=color
+            )
+    ax.set_xticks(range(len(variants)), list(variants))
+    ax.set_ylabel(f"bits per byte at {factor}x")
+    shown = [r for r in readings if r in handles]
+    fig.legend(
+        [handles[r] for r in shown], shown, loc="outside lower center", ncol=len(shown), fontsize=8
+    )
+    return fig
