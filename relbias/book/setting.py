@@ -16,7 +16,13 @@ from relbias.lab.data import load_corpus
 from relbias.lab.results import describe, load_stored
 from relbias.lab.training import build_model
 
-__all__ = ["setting_box", "setting_text"]
+__all__ = [
+    "interpolation_words",
+    "setting_box",
+    "setting_box_with",
+    "setting_text",
+    "setting_text_with",
+]
 
 #: How a stored sweep is named in the box, by kind of :func:`relbias.lab.results.load_stored`.
 SWEEP_WORDS = {
@@ -81,3 +87,35 @@ def setting_text(config: Config, findings=("extrapolation_15000",)) -> str:
 def setting_box(config: Config, findings=("extrapolation_15000",)) -> None:
     """Display :func:`setting_text` (as a Markdown output: MyST in the built book)."""
     _display(Markdown(setting_text(config, findings)))
+
+
+def interpolation_words(results: dict) -> str:
+    """Chapter 7's interpolation experiment (``relbias.lab.interpolation``'s result) in the
+    box's words: its training length, steps, seeds and fine-tuning."""
+    config, setup = results["provenance"]["config"], results["setup"]
+    steps = ", ".join(str(n) for n in setup["finetune_steps"])
+    return (
+        f"the interpolation experiment ($m_l$ = {config['train_len']} bytes, "
+        f"{config['steps']:,} steps, {len(setup['seeds'])} seeds, fine-tuned {steps} steps at "
+        f"{setup['finetune_length']} bytes)"
+    )
+
+
+def setting_text_with(config: Config, findings=("extrapolation_15000",), more=()) -> str:
+    """:func:`setting_text`, whose findings also use ``more``: stored runs that
+    :func:`relbias.lab.results.load_stored` does not name, each already in words (e.g.
+    :func:`interpolation_words`), named after the stored sweeps of ``findings``."""
+    text = setting_text(config, findings)
+    extra = [str(m) for m in more]
+    if not extra:
+        return text
+    # the runs' line, rebuilt with the more runs after the stored sweeps setting_text named
+    start = text.index("the findings use ") + len("the findings use ")
+    end = text.index(". {ref}`Chapter 1")
+    named = [_sweep_words(k) for k in findings] + extra
+    return text[:start] + ", ".join(named[:-1]) + " and " + named[-1] + text[end:]
+
+
+def setting_box_with(config: Config, findings=("extrapolation_15000",), more=()) -> None:
+    """Display :func:`setting_text_with` (as a Markdown output: MyST in the built book)."""
+    _display(Markdown(setting_text_with(config, findings, more)))
