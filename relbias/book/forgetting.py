@@ -66,17 +66,18 @@ def plot_difference_errors(offsets, errors: dict, *, floor: float = 1e-10):
 def float32_cumulative(log_f: torch.Tensor) -> torch.Tensor:
     r""":math:`F_i = \sum_{t \le i} \log f_t` summed in float32, one addition after another
     (NumPy's float32 ``cumsum``), for one sequence's ``log_f`` (1-D): float32, each
-    :math:`F_i` rounded to float32 after every addition, as a float32 cumulative sum on a
-    GPU rounds (the order of its additions aside). PyTorch's CPU ``cumsum`` of a float32
-    tensor accumulates in float64, so it is not used here."""
+    :math:`F_i` rounded to float32 after every addition. A GPU's float32 ``cumsum`` (a
+    parallel scan) rounds after its additions too, in another order; PyTorch's CPU
+    ``cumsum`` of a float32 tensor accumulates in float64 and rounds each :math:`F_i` once
+    (the ``"float32 F"`` way of :func:`trap_errors`), so it is not used here."""
     values = log_f.detach().float().cpu().numpy()
     return torch.from_numpy(np.cumsum(values, dtype=np.float32))
 
 
 #: The ways :func:`trap_errors` computes :math:`\mathrm{PE}(i, j) = F_i - F_j` in float32.
 TRAP_WAYS = {
-    "float32 sum": r"$F$ summed in float32 (reference code)",
-    "float32 F": r"$F$ summed in float64, stored in float32",
+    "float32 sum": r"$F$ summed in float32, one addition after another",
+    "float32 F": r"$F$ summed in float64, stored in float32 (torch.cumsum on a CPU)",
     "split": r"library: $(hi_i - hi_j) + (lo_i - lo_j)$",
     "rounding": "float32 rounding of the true PE",
 }

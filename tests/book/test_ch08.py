@@ -1,15 +1,17 @@
-"""Chapter 8's library changes: the finding's narrow table, and figures whose labels say
-bytes and whose legends sit off the data."""
+"""Chapter 8's library changes: which run each number comes from, the context measure's
+table, Table 2.4 read on whole curves, and figures whose labels say bytes and whose legends
+sit off the data."""
 
 from __future__ import annotations
 
 import matplotlib
 import pytest
 
-from relbias.book import overview, sweeps
+from relbias.book import overview, side_by_side, sweeps
 from relbias.lab import get_config, stats
 from relbias.lab import plots as lab_plots
 from relbias.lab.experiments import summarize_extrapolation
+from relbias.lab.results import only
 
 matplotlib.use("Agg")
 
@@ -51,7 +53,11 @@ def _results(per_method, steps=1000):
         "kind": "extrapolation",
         "methods": methods,
         "seeds": [0, 1, 2],
-        "provenance": {"config": {"train_len": 16, "steps": steps}, "wall_s": 60.0},
+        "provenance": {
+            "config": {"name": "medium", "train_len": 16, "steps": steps},
+            "wall_s": 60.0,
+            "commit": "abc1234",
+        },
     }
 
 
@@ -66,33 +72,64 @@ def _sweep(steps=1000):
     )
 
 
-def test_short_verdict_names_every_verdict_of_trend():
-    res = _sweep()
-    words = {m: sweeps.short_verdict(stats.trend(res, m)) for m in res["methods"]}
-    assert words == {"alibi": "improves", "rope": "degrades", "nope": "neither"}
-    assert set(sweeps.SHORT_VERDICT) >= {
-        "improves",
-        "degrades",
-        "neither degrades nor improves beyond the interval",
-        "one seed, no verdict",
-    }
+def _with_context(results, differences):
+    """``results`` with every seed's longest row holding a context-use record whose
+    long - sliding difference is ``differences[method][seed]`` (64 spans around it)."""
+    for m, per_seed in differences.items():
+        for s, diff in enumerate(per_seed):
+            row = results["methods"][m]["seeds"][str(s)]["eval"][-1]
+            spans = [diff + 0.01 * ((k % 5) - 2) for k in range(64)]
+            row["context"] = {
+                "window": 16,
+                "stride": 2,
+                "bytes": 1024,
+                "long_bpb": 2.0 + diff,
+                "sliding_bpb": 2.0,
+                "difference": diff,
+                "difference_by_span": spans,
+            }
+    return results
 
 
-def test_change_table_is_narrow_and_agrees_with_trend():
-    res = _sweep()
-    rows, headers = sweeps.change_table(res, ["rope", "alibi"])
-    assert headers == ["method", "1x", "4x", "change", "verdict"]
-    assert [r[0] for r in rows] == ["rope", "alibi"]
-    rope = rows[0]
-    assert rope[1] == sweeps.show_interval(stats.at_factor(res, "rope", 1))
-    assert rope[2] == sweeps.show_interval(stats.at_factor(res, "rope", 4))
-    assert rope[3] == sweeps.show_interval(stats.trend(res, "rope"))
-    assert rope[4] == "degrades" and rows[1][4] == "improves"
-    # an explicit end: the change to 2x
-    rows2, headers2 = sweeps.change_table(res, ["rope"], end=2)
-    assert headers2[2] == "2x" and rows2[0][3] == sweeps.show_interval(
-        stats.trend(res, "rope", end=2)
+def test_run_rows_say_which_run_each_number_comes_from():
+    res = _sweep(steps=5000)
+    rows, headers = side_by_side.runs_rows(
+        [
+            side_by_side.live_row("live run", get_config("quick"), ["alibi", "t5"], "the demo"),
+            side_by_side.run_row("longer sweep", res, "the curves"),
+        ]
     )
+    assert headers == side_by_side.RUN_HEADERS
+    live, longer = rows
+    assert live[:6] == ["live run", "quick", 64, "1,000", 1, 2]
+    assert longer[3] == "5,000" and longer[4] == 3 and longer[5] == 3
+    assert longer[6] == "no" and longer[-1] == "the curves"
+    _with_context(res, {"alibi": [0.01, 0.02, 0.0]})
+    assert side_by_side.run_row("x", res, "y")[6] == "1 of 3 methods"
+    with pytest.raises(ValueError, match="columns"):
+        side_by_side.runs_rows([["too short"]])
+
+
+def test_context_rows_give_the_verdict_of_each_methods_sweep():
+    res = _with_context(_sweep(), {"alibi": [0.001, -0.002, 0.0005], "rope": [0.9, 1.1, 1.0]})
+    rows, headers = side_by_side.context_rows(["alibi", "rope"], sweep_for=lambda m: res)
+    assert headers[0] == "method" and headers[-1] == "verdict"
+    words = {r[0]: r[-1] for r in rows}
+    assert words == {
+        "alibi": "no use of the far context shown",
+        "rope": "reads the far bytes worse",
+    }
+    assert rows[0][1] == "1,000"  # the steps of the sweep each row was read on
+    assert rows[1][4] == sweeps.show_interval(stats.context_verdict(res, "rope"), 3)
+
+
+def test_table_2_4_curves_read_the_whole_curve():
+    res = _sweep()
+    rows, headers = side_by_side.table_2_4_curves(only(res, ["rope", "alibi"]), get_config("quick"))
+    assert headers[-1] == "the whole curve"
+    assert [r[0] for r in rows] == ["rope", "alibi"]
+    assert rows[0][-1] == sweeps.curve_words(stats.method_curve(res, "rope"))
+    assert rows[0][-1] == "degrades" and rows[1][-1] == "improves"
 
 
 def _legends_on_axes(fig):
