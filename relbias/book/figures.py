@@ -13,6 +13,7 @@ and read by :func:`relbias.lab.readback.learned_bias`, for every chapter.
 from __future__ import annotations
 
 import math
+import re
 
 import numpy as np
 import torch
@@ -395,6 +396,25 @@ def legend_below(fig, *, each: bool = False, ncol: int = 2, fontsize: int = 8):
             ncol=min(ncol, len(seen)),
             fontsize=fontsize,
         )
+    return fig
+
+
+def heads_from_one(fig):
+    """Number the heads of a figure from 1, as the book's formulas and prose do (head
+    :math:`k = 1, \\dots, n`): every "head N" in its titles and legends becomes
+    "head N+1" (the library's plots number heads from 0, the tensor index). Returns
+    ``fig``."""
+
+    def shift(text: str) -> str:
+        return re.sub(r"\bhead (\d+)\b", lambda m: f"head {int(m.group(1)) + 1}", text)
+
+    texts = [t for ax in fig.axes for t in (ax.title, ax._left_title, ax._right_title)]
+    legends = [ax.get_legend() for ax in fig.axes] + list(fig.legends)
+    texts += [t for legend in legends if legend is not None for t in legend.get_texts()]
+    if fig._suptitle is not None:
+        texts.append(fig._suptitle)
+    for t in texts:
+        t.set_text(shift(t.get_text()))
     return fig
 
 

@@ -13,17 +13,30 @@ import math
 
 from relbias.book.display import glue, show_table
 from relbias.lab.results import describe, load_stored, seed_count
-from relbias.lab.stats import accuracy_at, at_factor, context_verdict, method_curve
+from relbias.lab.stats import (
+    accuracy_at,
+    at_factor,
+    context_verdict,
+    method_curve,
+    probe_error,
+)
 
 __all__ = [
     "accuracy_table",
     "bpb_table",
     "beside_stored",
     "bpb_table_by_length",
+    "context_sweep_steps",
+    "curve_context_table",
     "curve_table",
     "curve_words",
+    "distance_pair",
     "far_accuracy_table",
+    "gap_by_seed",
     "glue_sweep",
+    "pooled_accuracies",
+    "probe_accuracies",
+    "probe_distances",
     "records_context",
     "show_interval",
     "strongest_with_context",
@@ -224,3 +237,145 @@ def beside_stored(live: dict, stored: dict, config, *, display: bool = True):
         )
     caption = f"Bits per byte, the live run beside the stored sweep: {why}."
     return show_table(rows, headers, floatfmt=".2f", caption=caption, display=display)
+
+
+# --- a finding about extrapolation: the whole curve and the far context (chapters 4, 5) ---------
+
+
+def context_sweep_steps(method: str) -> tuple[str, dict, int]:
+    """:func:`strongest_with_context` of ``method`` with the number of training steps its
+    runs had: ``(kind, results, steps)``, so that a chapter says which training its context
+    finding rests on."""
+    kind, results = strongest_with_context(method)
+    return kind, results, int(results["provenance"]["config"]["steps"])
+
+
+def curve_context_table(results: dict, methods, *, digits: int = 2):
+    """Rows and headers of a narrow table, one row per method of ``methods``: bits per byte
+    at the training length and at the longest length of ``results`` (the longest-trained
+    sweep; mean [95 % interval] over seeds), the whole curve's verdict there
+    (:func:`~relbias.lab.stats.method_curve`), and the context-use measure (the long window
+    minus the sliding one on the bytes past the training length, mean [95 % interval], and
+    its verdict, :func:`~relbias.lab.stats.context_verdict`) on the longest-trained sweep that
+    records it for the method (:func:`strongest_with_context`), with that sweep's steps.
+
+    Unlike :func:`curve_table`, the two readings may come from different sweeps: the
+    longest-trained text sweep need not record the context measure."""
+    first = results["methods"][methods[0]]["eval"]
+    start, end = first[0]["factor"], first[-1]["factor"]
+    rows = []
+    for m in methods:
+        _, ctx_results, steps = context_sweep_steps(m)
+        ctx = context_verdict(ctx_results, m)
+        rows.append(
+            [
+                m,
+                show_interval(at_factor(results, m, start), digits),
+                show_interval(at_factor(results, m, end), digits),
+                curve_words(method_curve(results, m)),
+                f"{show_interval(ctx, 3)} ({steps:,} steps)",
+                ctx["words"],
+            ]
+        )
+    headers = [
+        "method",
+        f"{start}x",
+        f"{end}x",
+        "the whole curve",
+        "far bytes: long - sliding",
+        "far context",
+    ]
+    return rows, headers
+
+
+# --- the recall probe read distance by distance (chapters 4, 5) --------------------------------
+
+
+def probe_accuracies(results: dict, method: str, length: int, distance: int | None = None):
+    """``method``'s recall accuracy in windows of ``length`` tokens at ``distance`` (default
+    the farthest), one number per seed (seeds in order): ``(values, samples, distance)``,
+    ``samples`` the test sequences per seed."""
+    records = results["methods"][method]["seeds"]
+    values, samples, found = [], None, None
+    for s in sorted(records, key=int):
+        rows = [r for r in records[s]["eval"] if r["length"] == length]
+        if not rows:
+            raise ValueError(f"length {length} is not among {method}'s stored lengths")
+        row = (
+            rows[-1]
+            if distance is None
+            else next((r for r in rows if r["distance"] == distance), None)
+        )
+        if row is None:
+            raise ValueError(f"distance must be one of {[r['distance'] for r in rows]}")
+        values.append(row["accuracy"])
+        samples, found = row["samples"], row["distance"]
+    return values, samples, found
+
+
+def distance_pair(results: dict, method: str, length: int, far: int | None, near: int):
+    """One model's recall at two distances, for a paired verdict of ``far`` against ``near``
+    (the same seed's model read at both; ``far=None``: the farthest of the window):
+    ``(far values, near values, error)``, ``error`` the probe's own sampling error of the
+    difference (:func:`~relbias.lab.stats.probe_error`: the test sequences at the two
+    distances are drawn independently). Hand them to :func:`relbias.book.claims.paired`
+    (``error=``) or :func:`relbias.lab.stats.verdict`."""
+    a, samples, _ = probe_accuracies(results, method, length, far)
+    b, _, _ = probe_accuracies(results, method, length, near)
+    return a, b, probe_error(a, samples, minus=b)
+
+
+def pooled_accuracies(results: dict, method: str, length: int, *, max_distance: int):
+    """``method``'s recall accuracy in windows of ``length`` tokens averaged over every
+    tested distance up to ``max_distance`` (e.g. the trained ones), one number per seed
+    (seeds in order): ``(values, samples)``, ``samples`` the test sequences per seed behind
+    each mean (for :func:`~relbias.lab.stats.probe_error`)."""
+    records = results["methods"][method]["seeds"]
+    values, samples = [], None
+    for s in sorted(records, key=int):
+        rows = [
+            r for r in records[s]["eval"] if r["length"] == length and r["distance"] <= max_distance
+        ]
+        if not rows:
+            raise ValueError(f"no distance up to {max_distance} at length {length} for {method}")
+        values.append(sum(r["accuracy"] for r in rows) / len(rows))
+        samples = sum(r["samples"] for r in rows)
+    return values, samples
+
+
+def gap_by_seed(results: dict, method: str, others, step: int | None = None) -> list[float]:
+    """Per seed (in order), ``method``'s validation bits per byte at the training length minus
+    the mean of ``others``' at training step ``step`` (default: the last), from the runs'
+    validation curves: the per-seed form of :func:`~relbias.lab.stats.gap_by_step`, for a
+    paired verdict (one seed's runs share their batches)."""
+    others = [m for m in others if m != method]
+    if not others:
+        raise ValueError(f"others must hold a method besides {method!r}")
+
+    def at(m: str, seed: str) -> float:
+        curve = results["methods"][m]["seeds"][seed]["train"].get("val_curve", [])
+        if not curve:
+            raise ValueError(f"{m} seed {seed} has no validation curve")
+        if step is None:
+            return curve[-1]["bpb"]
+        point = next((p for p in curve if p["step"] == step), None)
+        if point is None:
+            raise ValueError(f"step must be one of the curve's steps, got {step}")
+        return point["bpb"]
+
+    seeds = sorted(
+        set.intersection(*(set(results["methods"][m]["seeds"]) for m in [method, *others])),
+        key=int,
+    )
+    return [at(method, s) - sum(at(m, s) for m in others) / len(others) for s in seeds]
+
+
+def probe_distances(results: dict, method: str, length: int) -> list[int]:
+    """The distances ``method`` was tested at in windows of ``length`` tokens, nearest
+    first."""
+    found = sorted(
+        r["distance"] for r in results["methods"][method]["eval"] if r["length"] == length
+    )
+    if not found:
+        raise ValueError(f"length {length} is not among {method}'s stored lengths")
+    return found

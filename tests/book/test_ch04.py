@@ -1,14 +1,17 @@
 """The helpers of the chapter on ALiBi and Sandwich (book/04): figures whose legends hide
-no data."""
+no data, heads numbered from 1, and the readers its findings go through (the probe distance
+by distance, the whole curve beside the context measure, a gap per seed)."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 from conftest import legends_off_the_panels
 
 import relbias
 from relbias.book import figures as fg
-from relbias.book import plots
+from relbias.book import plots, sweeps
+from relbias.lab import stats
 from relbias.lab.results import describe
 
 
@@ -78,3 +81,130 @@ def test_describe_reads_a_probe_ablation():
     }
     info = describe(results)
     assert info["samples"] == 100 and info["probe_steps"] == 3000 and "eval_kb" not in info
+
+
+# --- the helpers the chapter's findings read (relbias.book.sweeps) -----------------------------
+
+
+def _probe(accuracies: dict) -> dict:
+    """A stored probe in the sweeps' shape: ``{method: {seed: {(length, distance): acc}}}``."""
+    methods = {}
+    for method, seeds in accuracies.items():
+        records = {
+            str(s): {
+                "eval": [
+                    {"length": n, "distance": d, "accuracy": a, "samples": 100}
+                    for (n, d), a in sorted(table.items())
+                ]
+            }
+            for s, table in seeds.items()
+        }
+        first = next(iter(records.values()))["eval"]
+        methods[method] = {"eval": first, "seeds": records}
+    return {"kind": "retrieval", "methods": methods}
+
+
+def test_probe_readers_pair_one_model_read_at_two_distances():
+    results = _probe(
+        {
+            "a": {
+                0: {(8, 1): 0.9, (8, 2): 0.8, (8, 6): 0.2},
+                1: {(8, 1): 1.0, (8, 2): 0.7, (8, 6): 0.3},
+                2: {(8, 1): 0.8, (8, 2): 0.9, (8, 6): 0.1},
+            }
+        }
+    )
+    assert sweeps.probe_distances(results, "a", 8) == [1, 2, 6]
+    values, samples, distance = sweeps.probe_accuracies(results, "a", 8)
+    assert values == [0.2, 0.3, 0.1] and samples == 100 and distance == 6
+    far, near, error = sweeps.distance_pair(results, "a", 8, None, 1)
+    assert far == [0.2, 0.3, 0.1] and near == [0.9, 1.0, 0.8]
+    assert error == pytest.approx(stats.probe_error(far, 100, minus=near))
+    assert stats.verdict(far, near, paired=True, error=error)["answer"] == "lower"
+    pooled, n = sweeps.pooled_accuracies(results, "a", 8, max_distance=2)
+    assert pooled == pytest.approx([0.85, 0.85, 0.85]) and n == 200
+    with pytest.raises(ValueError, match="distance must be one of"):
+        sweeps.probe_accuracies(results, "a", 8, 3)
+    with pytest.raises(ValueError, match="length 16"):
+        sweeps.probe_distances(results, "a", 16)
+
+
+def _text(curves: dict, context: dict | None = None) -> dict:
+    """A stored text sweep: ``{method: {seed: ([bpb at 1x, 2x], [(step, val bpb)])}}`` and,
+    per method and seed, a context-use difference (long minus sliding) at 2x."""
+    methods = {}
+    for method, seeds in curves.items():
+        records = {}
+        for s, (bpbs, val) in seeds.items():
+            rows = [{"factor": f, "length": 8 * f, "bpb": b} for f, b in zip((1, 2), bpbs)]
+            if context is not None:
+                diff = context[method][s]
+                rows[-1]["context"] = {
+                    "difference": diff,
+                    "difference_by_span": [diff - 0.01, diff + 0.01, diff],
+                    "long_bpb": 1.0,
+                    "sliding_bpb": 1.0 - diff,
+                    "stride": 1,
+                    "window": 8,
+                }
+            records[str(s)] = {
+                "eval": rows,
+                "train": {"val_curve": [{"step": t, "bpb": v} for t, v in val]},
+            }
+        summary = [
+            {
+                "factor": f,
+                "length": 8 * f,
+                "bpb": sum(r["eval"][i]["bpb"] for r in records.values()) / len(records),
+                "bpb_low": 0.0,
+                "bpb_high": 9.0,
+                "n": len(records),
+            }
+            for i, f in enumerate((1, 2))
+        ]
+        methods[method] = {"eval": summary, "seeds": records}
+    return {"kind": "extrapolation", "methods": methods, "provenance": {"config": {"steps": 7}}}
+
+
+def test_gap_by_seed_pairs_the_validation_curves_of_one_seed():
+    curves = {
+        "a": {0: ([2.0, 1.9], [(1, 3.0), (2, 2.5)]), 1: ([2.1, 2.0], [(1, 3.2), (2, 2.6)])},
+        "b": {0: ([1.9, 1.8], [(1, 2.8), (2, 2.4)]), 1: ([2.0, 1.9], [(1, 3.0), (2, 2.4)])},
+    }
+    results = _text(curves)
+    assert sweeps.gap_by_seed(results, "a", ["b"]) == pytest.approx([0.1, 0.2])
+    assert sweeps.gap_by_seed(results, "a", ["b"], 1) == pytest.approx([0.2, 0.2])
+    with pytest.raises(ValueError, match="step must be one of"):
+        sweeps.gap_by_seed(results, "a", ["b"], 5)
+    with pytest.raises(ValueError, match="besides"):
+        sweeps.gap_by_seed(results, "a", ["a"])
+
+
+def test_curve_context_table_reads_the_context_from_its_own_sweep(monkeypatch):
+    seeds = {s: ([2.0 + 0.01 * s, 1.9 + 0.02 * s], [(1, 3.0)]) for s in range(3)}
+    longest = _text({"a": seeds})
+    with_context = _text({"a": seeds}, context={"a": {0: 0.2, 1: 0.25, 2: 0.22}})
+    monkeypatch.setattr(sweeps, "strongest_with_context", lambda m: ("short", with_context))
+    assert sweeps.context_sweep_steps("a") == ("short", with_context, 7)
+    rows, headers = sweeps.curve_context_table(longest, ["a"])
+    assert headers[-1] == "far context" and rows[0][0] == "a"
+    assert rows[0][3] == stats.method_curve(longest, "a")["answer"] == "improves"
+    assert rows[0][-1] == "reads the far bytes worse" and rows[0][-2].endswith("(7 steps)")
+
+
+def test_heads_from_one_numbers_titles_and_legends_from_one():
+    fig = fg.heads_from_one(plots.plot_bias_matrix(relbias.ALiBi(4), 6, title="x"))
+    assert [ax.get_title() for ax in fig.axes if ax.get_title()] == [
+        "head 1",
+        "head 2",
+        "head 3",
+        "head 4",
+    ]
+    fig = fg.heads_from_one(
+        fg.legend_below(
+            plots.plot_bias_by_offset(
+                {"a": relbias.ALiBi(2)}, 8, reference={"ALiBi": relbias.ALiBi(2)}
+            )
+        )
+    )
+    assert [t.get_text() for t in fig.legends[0].get_texts()] == ["ALiBi", "head 1", "head 2"]
