@@ -103,7 +103,9 @@ def main(argv=None) -> int:
     parser.add_argument("--seed", type=int, default=0, help="which seed's models (default 0)")
     parser.add_argument("--out", required=True, help="the JSON file to write")
     args = parser.parse_args(argv)
-    paths = sorted(p for folder in args.weights for p in Path(folder).glob(f"*_seed{args.seed}.pt"))
+    paths = sorted(
+        p for folder in args.weights for p in Path(folder).glob(f"*_seed{args.seed}.pt*")
+    )
     if not paths:
         parser.error(f"no weights of seed {args.seed} in {args.weights}")
     models = {}

@@ -186,7 +186,7 @@ def test_weights_of_a_sweep_read_back_to_the_same_logits(tmp_path):
 def test_weights_bad_input(tmp_path):
     with pytest.raises(FileNotFoundError, match="no stored weights"):
         load_weights(tmp_path / "none.pt")
-    torch.save({"state_dict": {}}, tmp_path / "other.pt")
+    torch.save({"state_dict": {}}, tmp_path / "other.pt")  # a plain .pt is read too
     with pytest.raises(ValueError, match="not a weights file"):
         load_weights(tmp_path / "other.pt")
     cfg = _tiny()

@@ -245,7 +245,8 @@ def test_colab_install_in_a_fresh_environment_trains_and_reads_the_stored_result
 
 
 def test_the_wheel_ships_compact_results_not_the_raw_ones(tmp_path):
-    """What ships: the compact copies and the benchmark's results, a few MB in all."""
+    """What ships: the compact copies and the benchmark's results, a few MB in all (not the
+    raw results, not the stored models' weights)."""
     import zipfile
 
     wheel = _build_wheel(tmp_path)
@@ -253,6 +254,8 @@ def test_the_wheel_ships_compact_results_not_the_raw_ones(tmp_path):
     compact = [n for n in names if n.startswith("relbias/lab/results/compact/")]
     raw = [n for n in names if n.startswith("relbias/lab/results/") and n.count("/") == 3]
     assert compact and not [n for n in raw if n.endswith((".json", ".png"))], raw
+    # the stored sweeps' weights stay in the repository (relbias/lab/results/weights)
+    assert not [n for n in names if "/results/weights/" in n or n.endswith((".pt", ".pt.xz"))]
     assert any(n.startswith("relbias/bench/results/cpu.json") for n in names)
     assert "relbias/attention/csrc/fused_attention.cpp" in names
     assert wheel.stat().st_size < 8_000_000, wheel.stat().st_size
