@@ -49,7 +49,9 @@ INTERVAL_NOTE = {
 #: The stored sweeps the book reads, by name: a file of ``relbias/lab/results`` or the
 #: files of one sweep run in several sittings (joined by :func:`load_stored`).
 STORED = {
-    "extrapolation": "extrapolation_medium",
+    # every method, the forget gate included, with the context-use measure, each span's loss
+    # and the final weights kept (relbias/lab/results/weights): two processes of six methods
+    "extrapolation": ("extrapolation_medium_a", "extrapolation_medium_b"),
     "retrieval": "retrieval_medium",
     "t5": "ablation_t5_medium",
     "t5_far": "ablation_t5_medium_farmin",
