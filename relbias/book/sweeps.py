@@ -39,6 +39,7 @@ __all__ = [
     "probe_distances",
     "records_context",
     "show_interval",
+    "stored_once",
     "strongest_with_context",
 ]
 
@@ -242,22 +243,40 @@ def beside_stored(live: dict, stored: dict, config, *, display: bool = True):
 # --- a finding about extrapolation: the whole curve and the far context (chapters 4, 5) ---------
 
 
-def context_sweep_steps(method: str) -> tuple[str, dict, int]:
+#: The stored text sweeps :func:`context_sweep_steps` has read, by kind: each is read once per
+#: process (a chapter asks for several methods, and the stored files do not change under it).
+_READ: dict = {}
+
+
+def stored_once(kind: str) -> dict:
+    """:func:`~relbias.lab.results.load_stored` of ``kind``, read once per process: a chapter
+    that reads one sweep in several cells (its claims, its tables, the context measure) reads
+    the files once. The result is shared: read it, do not change it."""
+    if kind not in _READ:
+        _READ[kind] = load_stored(kind)
+    return _READ[kind]
+
+
+def context_sweep_steps(method: str, kinds=TEXT_SWEEPS) -> tuple[str, dict, int]:
     """:func:`strongest_with_context` of ``method`` with the number of training steps its
     runs had: ``(kind, results, steps)``, so that a chapter says which training its context
-    finding rests on."""
-    kind, results = strongest_with_context(method)
-    return kind, results, int(results["provenance"]["config"]["steps"])
+    finding rests on. Each sweep of ``kinds`` is read once per process."""
+    for kind in kinds:
+        results = stored_once(kind)
+        if records_context(results, method):
+            return kind, results, int(results["provenance"]["config"]["steps"])
+    raise ValueError(f"no stored sweep of {list(kinds)} records the context measure of {method}")
 
 
-def curve_context_table(results: dict, methods, *, digits: int = 2):
+def curve_context_table(results: dict, methods, *, digits: int = 2, kinds=TEXT_SWEEPS):
     """Rows and headers of a narrow table, one row per method of ``methods``: bits per byte
     at the training length and at the longest length of ``results`` (the longest-trained
     sweep; mean [95 % interval] over seeds), the whole curve's verdict there
     (:func:`~relbias.lab.stats.method_curve`), and the context-use measure (the long window
     minus the sliding one on the bytes past the training length, mean [95 % interval], and
     its verdict, :func:`~relbias.lab.stats.context_verdict`) on the longest-trained sweep that
-    records it for the method (:func:`strongest_with_context`), with that sweep's steps.
+    records it for the method (of ``kinds``: :func:`context_sweep_steps`), with that sweep's
+    steps.
 
     Unlike :func:`curve_table`, the two readings may come from different sweeps: the
     longest-trained text sweep need not record the context measure."""
@@ -265,7 +284,7 @@ def curve_context_table(results: dict, methods, *, digits: int = 2):
     start, end = first[0]["factor"], first[-1]["factor"]
     rows = []
     for m in methods:
-        _, ctx_results, steps = context_sweep_steps(m)
+        _, ctx_results, steps = context_sweep_steps(m, kinds)
         ctx = context_verdict(ctx_results, m)
         rows.append(
             [

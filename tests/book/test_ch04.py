@@ -184,9 +184,11 @@ def test_curve_context_table_reads_the_context_from_its_own_sweep(monkeypatch):
     seeds = {s: ([2.0 + 0.01 * s, 1.9 + 0.02 * s], [(1, 3.0)]) for s in range(3)}
     longest = _text({"a": seeds})
     with_context = _text({"a": seeds}, context={"a": {0: 0.2, 1: 0.25, 2: 0.22}})
-    monkeypatch.setattr(sweeps, "strongest_with_context", lambda m: ("short", with_context))
-    assert sweeps.context_sweep_steps("a") == ("short", with_context, 7)
-    rows, headers = sweeps.curve_context_table(longest, ["a"])
+    monkeypatch.setattr(sweeps, "_READ", {"long": longest, "short": with_context})
+    assert sweeps.context_sweep_steps("a", ("long", "short")) == ("short", with_context, 7)
+    with pytest.raises(ValueError, match="records the context measure of a"):
+        sweeps.context_sweep_steps("a", ("long",))
+    rows, headers = sweeps.curve_context_table(longest, ["a"], kinds=("long", "short"))
     assert headers[-1] == "far context" and rows[0][0] == "a"
     assert rows[0][3] == stats.method_curve(longest, "a")["answer"] == "improves"
     assert rows[0][-1] == "reads the far bytes worse" and rows[0][-2].endswith("(7 steps)")
@@ -208,3 +210,16 @@ def test_heads_from_one_numbers_titles_and_legends_from_one():
         )
     )
     assert [t.get_text() for t in fig.legends[0].get_texts()] == ["ALiBi", "head 1", "head 2"]
+
+
+def test_stored_once_reads_each_sweep_once(monkeypatch):
+    calls = []
+
+    def load(kind):
+        calls.append(kind)
+        return {"kind": kind}
+
+    monkeypatch.setattr(sweeps, "_READ", {})
+    monkeypatch.setattr(sweeps, "load_stored", load)
+    assert sweeps.stored_once("x") is sweeps.stored_once("x")
+    assert sweeps.stored_once("y") == {"kind": "y"} and calls == ["x", "y"]
