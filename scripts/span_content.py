@@ -113,9 +113,9 @@ def main(argv=None) -> int:
         model = load_weights(path)
         models[model.lab_method] = model
     config = next(iter(models.values())).lab_config
-    torch.set_grad_enabled(False)
     corpus = load_corpus(max_bytes=config.corpus_bytes)
-    result = read(models, config, corpus)
+    with torch.no_grad():  # not torch.set_grad_enabled(False): main() is also called in tests
+        result = read(models, config, corpus)
     result["provenance"] = provenance(config.replace(seed=args.seed), torch.device("cpu"))
     write_json(result, args.out)
     for method, row in result["methods"].items():

@@ -90,12 +90,12 @@ def clamp_applies(ablation: dict, variant: str, clamp: str, factor: int) -> bool
 def clamp_cell(ablation: dict, variant: str, clamp: str, factor: int) -> str:
     """A table cell: what ``clamp`` does to ``variant``'s bits per byte at ``factor`` x, the
     paired change (clamped minus as trained, the same weights read twice:
-    :func:`relbias.lab.interventions.intervention_effect`) with 3 decimals and its verdict,
+    :func:`relbias.lab.interventions.intervention_effect`) with 4 decimals and its verdict,
     or ``"n/a (changes no input)"`` where the clamp is empty by construction."""
     if not clamp_applies(ablation, variant, clamp, factor):
         return "n/a (changes no input)"
     effect = intervention_effect(ablation, variant, clamp, factor)
-    return f"{show_interval(effect, 3)}: {effect['answer']}"
+    return f"{show_interval(effect, 4)}: {effect['answer']}"
 
 
 def plot_fire_clamps(

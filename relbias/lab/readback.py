@@ -179,7 +179,8 @@ def edge_above_min(results: dict, method: str = "offset", offset: int | None = N
     that offset, per head and seed, from the records' read-back (``learned_bias``, offsets
     0 onwards). The default offset is the clipped offset table's edge ``u_{m_l-1}``, the
     value every farther offset reads; for T5 pass the farthest offset read back (``-1``).
-    Returns ``values`` (every head of every seed), ``low`` and ``high`` (their range),
+    Returns ``values`` (every head of every seed), ``least`` and ``most`` (their range over
+    heads and seeds: read-back values, not an interval),
     ``above`` (heads whose value lies above the minimum: those keys favoured over the
     middle ones) of ``heads``, and ``below_max``, the range of the value minus the table's
     largest."""
@@ -193,8 +194,8 @@ def edge_above_min(results: dict, method: str = "offset", offset: int | None = N
             below.append(table[-1] - max(table))
     return {
         "values": values,
-        "low": min(values),
-        "high": max(values),
+        "least": min(values),
+        "most": max(values),
         "above": sum(v > 0 for v in values),
         "heads": len(values),
         "below_max": (min(below), max(below)),

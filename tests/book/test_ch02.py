@@ -69,7 +69,7 @@ def test_edge_above_min_reads_every_head_of_every_seed():
     edge = readback.edge_above_min(res, "offset")
     # head 0: edge - (-1); head 1 (the table minus 1): (edge - 1) - (-2); the same value
     assert edge["heads"] == 4 and edge["above"] == 4
-    assert edge["low"] == pytest.approx(1.2) and edge["high"] == pytest.approx(1.3)
+    assert edge["least"] == pytest.approx(1.2) and edge["most"] == pytest.approx(1.3)
     assert edge["below_max"] == (pytest.approx(-0.3), pytest.approx(-0.2))
 
 

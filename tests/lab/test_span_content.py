@@ -57,3 +57,21 @@ def test_the_script_reads_a_sweeps_weights(tmp_path):
     assert result["provenance"]["config"]["train_len"] == 16
     with pytest.raises(SystemExit):
         _script().main(["--weights", str(tmp_path / "w"), "--seed", "5", "--out", str(out)])
+
+
+def test_the_stride_check_reads_stored_weights(tmp_path, capsys):
+    spec = importlib.util.spec_from_file_location(
+        "context_stride", SCRIPT.with_name("context_stride.py")
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    cfg = get_config("quick").replace(
+        dim=16, heads=2, depth=1, train_len=16, steps=2, eval_tokens=256, eval_factors=(1, 4)
+    )
+    run_extrapolation(
+        cfg, ["kerple_power"], seeds=[0], progress=False, verbose=False, weights_dir=tmp_path
+    )
+    path = next(tmp_path.glob("kerple_power_seed0.pt*"))
+    assert module.main(["--spans", "2", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("kerple_power: long ") and "stride 2" in out and "stride 1" in out

@@ -156,7 +156,8 @@ def test_accuracy_table_clips_the_interval_to_probabilities():
     assert len(plots.plot_probe(res, ["alibi"]).axes) == 1
     far = stats.accuracy_at(res, "alibi", 64)
     assert far["distance"] == 9 and far["low"] == 0.0 and far["high"] == 1.0
-    assert stats.compare_accuracy(res, "alibi", "alibi", 64) == "overlapping"
+    same = stats.accuracy_verdict(res, "alibi", "alibi", 64)
+    assert same["answer"] == "cannot be told apart" and same["distance"] == 9
     with pytest.raises(ValueError, match="distance must be one of"):
         stats.accuracy_at(res, "alibi", 64, 5)
     with pytest.raises(ValueError, match="length 128"):
@@ -322,7 +323,7 @@ def test_join_parts_lets_methods_stand_on_different_seeds():
     one = stats.at_factor(joined, "b", 1)
     assert one["n"] == 1 and math.isnan(one["low"])
     assert sweeps.show_interval(one) == "1.00 (one seed)"
-    assert stats.trend(joined, "b")["verdict"] == "one seed, no verdict"
+    assert stats.method_curve(joined, "b")["answer"] == "one seed"
     assert results.only(joined, ["b"])["seeds"] == [0]
     with pytest.raises(ValueError, match=r"method 'a' holds seeds \[1\] in more than one file"):
         results.join_parts([_results({"a": rows[1:2]}, 1), _results({"a": rows[1:]}, 1)])
