@@ -25,10 +25,12 @@ is the target's digit.
 The answer is recoverable only from the far key: the target key appears once before the
 query, every competing key differs from it, and every competing digit differs from the
 answer, so "copy the nearest digit" or "copy a digit after an uppercase letter" is always
-wrong (accuracy 0), and "copy one of the digits present" is right 1 / (num_competitors + 1)
-of the time. A model must match the query key to the far key (an induction-like circuit)
-and then reach past nearer keys of the same kind: exactly what a steep distance penalty
-makes hard, and what a bias that stops decaying (NoPE, T5's last bucket) does not.
+wrong (accuracy 0), and "copy one of the digits present" is right 1 / (k + 1) of the time
+in a sequence with k competing pairs (from 1 / (num_competitors + 1) down to
+1 / (2 num_competitors + 1)). A model must match the query key to the far key (an
+induction-like circuit) and then reach past nearer keys of the same kind: exactly what a
+steep distance penalty makes hard, and what a bias that stops decaying (NoPE, T5's last
+bucket) does not.
 
 The quick probe of :func:`make_recall_batch` has none of this (its stored result is 100 %
 for every method).
