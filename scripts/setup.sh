@@ -57,12 +57,12 @@ if [[ "${RELBIAS_FORCE_SETUP:-0}" != "1" && -f "$STAMP" && "$(cat "$STAMP")" == 
     log "Python packages up to date (stamp matches)"
 else
     rm -f "$STAMP"
-    log "installing Python packages (pip install -c constraints.txt -e .[docs,bench,test])"
+    log "installing Python packages (pip install -c constraints.txt -e .[docs,bench,test,hf])"
     # The constraint file also applies inside pip's isolated build environments.
     export PIP_CONSTRAINT="$ROOT/constraints.txt"
     "$VPY" -m pip install --quiet --disable-pip-version-check --upgrade pip
     "$VPY" -m pip install --quiet --disable-pip-version-check \
-        -c constraints.txt -e ".[docs,bench,test]"
+        -c constraints.txt -e ".[docs,bench,test,hf]"
     unset PIP_CONSTRAINT
     "$VPY" -m pip check
     NEED_STAMP=1

@@ -18,7 +18,9 @@ from pathlib import Path
 import relbias
 
 PACKAGE = Path(relbias.__file__).parent
-ROOMS = ("relbias.lab", "relbias.book", "relbias.bench")
+ROOMS = ("relbias.lab", "relbias.book", "relbias.bench", "relbias.hf")
+#: The rooms above the lab: they may import the lab and the core, the lab imports none of them.
+ABOVE_THE_LAB = ("relbias.book", "relbias.bench", "relbias.hf")
 
 
 def _modules() -> dict[str, Path]:
@@ -89,6 +91,13 @@ def test_the_biases_never_import_attention():
 def test_the_core_never_imports_a_room_above_it():
     core = [m for m in MODULES if not m.startswith(ROOMS)]
     upward = {m: sorted(t for t in imports_of(m) if t.startswith(ROOMS)) for m in core}
+    assert not {m: t for m, t in upward.items() if t}
+
+
+def test_the_lab_never_imports_a_room_above_it():
+    lab = [m for m in MODULES if m.startswith("relbias.lab")]
+    assert "relbias.lab.context" in lab
+    upward = {m: sorted(t for t in imports_of(m) if t.startswith(ABOVE_THE_LAB)) for m in lab}
     assert not {m: t for m, t in upward.items() if t}
 
 

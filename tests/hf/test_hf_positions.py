@@ -1,0 +1,105 @@
+"""The per-row bias of relbias.hf against the core's dense bias, its two paths, and
+torch.compile (no host read of positions: the whole model compiles as one graph)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hf_helpers import FAMILY_KWARGS, HEADS, POSITION_FAMILIES, biased, random_rows
+
+import relbias
+from relbias.hf._attention import dense_bias
+
+
+def family_module(family):
+    torch.manual_seed(0)
+    bias = relbias.make_bias(family, HEADS, **FAMILY_KWARGS[family])
+    with torch.no_grad():
+        for name, p in bias.named_parameters():
+            if name == "weight" and p.dim() == 2 and p.shape[0] == HEADS:
+                p.normal_()
+    return bias
+
+
+@pytest.mark.parametrize("family", POSITION_FAMILIES)
+@pytest.mark.parametrize(("q_len", "k_len", "q_start"), [(7, 7, 0), (1, 9, 8), (3, 12, 5)])
+def test_rows_at_the_same_positions_are_the_core_dense_bias(family, q_len, k_len, q_start):
+    bias = family_module(family)
+    qpos = (torch.arange(q_len) + q_start).expand(2, q_len)
+    kpos = torch.arange(k_len).expand(2, k_len)
+    expected = bias(q_len, k_len, q_start=q_start)
+    for elementwise in (False, True):
+        got = dense_bias(bias, qpos, kpos, elementwise=elementwise)
+        assert got.shape == (2, HEADS, q_len, k_len)
+        torch.testing.assert_close(got[0], expected, rtol=0, atol=1e-6)
+        torch.testing.assert_close(got[1], expected, rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("family", POSITION_FAMILIES)
+def test_each_row_reads_its_own_positions(family):
+    """Rows with positions far apart and with gaps (as a user's position_ids may have): each
+    row's bias is the core's dense bias of that row's positions, on both paths."""
+    bias = family_module(family)
+    qpos = torch.tensor([[40, 41, 45], [3, 4, 5]])
+    kpos = torch.tensor([[0, 20, 40, 41, 45], [0, 1, 2, 4, 5]])
+    for elementwise in (False, True):
+        got = dense_bias(bias, qpos, kpos, elementwise=elementwise)
+        for b in range(2):
+            full = bias(int(qpos[b].max()) + 1, int(qpos[b].max()) + 1, q_start=0)
+            expected = full[:, qpos[b]][:, :, kpos[b]]
+            torch.testing.assert_close(got[b], expected, rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("family", ["fire", "t5"])
+def test_torch_compile_in_one_graph_gives_the_same_logits_and_gradients(family):
+    """``fullgraph=True``: no host read and no graph break in the model (the eager table path
+    reads the offsets' range; under compile the elementwise path runs). ``aot_eager`` keeps
+    the test short; it traces exactly what inductor would compile."""
+    model = biased(family).train()
+    ids = torch.tensor(random_rows([10, 10], seed=7))
+    out = model(input_ids=ids, labels=ids, use_cache=False)
+    out.loss.backward()
+    expected = {n: p.grad.clone() for n, p in model.named_parameters() if ".relbias." in n}
+    model.zero_grad()
+    compiled = torch.compile(model, backend="aot_eager", fullgraph=True)
+    got = compiled(input_ids=ids, labels=ids, use_cache=False)
+    torch.testing.assert_close(got.logits, out.logits, rtol=0, atol=1e-6)
+    got.loss.backward()
+    assert expected
+    for name, grad in expected.items():
+        torch.testing.assert_close(
+            dict(model.named_parameters())[name].grad, grad, rtol=0, atol=1e-6
+        )
+
+
+def test_under_autocast_the_bias_is_added_in_float32():
+    """bfloat16 autocast: q, k and v arrive in bfloat16; the bias (here T5 values that
+    bfloat16 cannot hold, 3 + 1/512 apart from 3) is added in float32 to their float32 copies,
+    so the output is the float32 attention of those inputs, not one with a rounded bias."""
+    from torch.nn import functional as F
+
+    import relbias.hf as rh
+
+    model = biased("t5")
+    attention = model.model.layers[0].self_attn
+    bias = attention._relbias_bias
+    with torch.no_grad():
+        bias.weight.copy_(3.0 + torch.arange(bias.weight.numel()).view_as(bias.weight) / 512)
+    torch.manual_seed(1)
+    q = torch.randn(1, HEADS, 6, 8).bfloat16()
+    k, v = torch.randn(2, 1, 2, 6, 8).bfloat16()
+    causal = torch.ones(6, 6, dtype=torch.bool).tril()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        got, _ = rh.relbias_attention(attention, q, k, v, causal[None, None], scaling=0.25)
+    assert got.dtype == torch.float32
+    exact = bias(6, 6)[None]
+    kk, vv = k.float().repeat_interleave(2, 1), v.float().repeat_interleave(2, 1)
+    mask = exact.masked_fill(~causal, float("-inf"))
+    expected = F.scaled_dot_product_attention(q.float(), kk, vv, attn_mask=mask, scale=0.25)
+    torch.testing.assert_close(got, expected.transpose(1, 2), rtol=0, atol=1e-6)
+    rounded = exact.bfloat16().float().masked_fill(~causal, float("-inf"))
+    coarse = F.scaled_dot_product_attention(q.float(), kk, vv, attn_mask=rounded, scale=0.25)
+    assert (coarse.transpose(1, 2) - got).abs().max() > 1e-4
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        logits = model(input_ids=torch.tensor(random_rows([8], seed=8))).logits
+    assert torch.isfinite(logits).all()
