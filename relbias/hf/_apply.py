@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 
@@ -139,7 +140,7 @@ def apply(model, family, *, shared=False, keep_rope=False, **bias_kwargs):
         raise TypeError(
             f"bias_kwargs must be JSON values (they are saved in config.json): {error}"
         ) from error
-    config = model.config
+    config = _own_config(model)
     num_heads = config.num_attention_heads
     hidden_size = config.hidden_size
     device = next(model.parameters()).device
@@ -178,6 +179,21 @@ def apply(model, family, *, shared=False, keep_rope=False, **bias_kwargs):
     )
     model.set_attn_implementation(ATTN_IMPLEMENTATION)
     return model
+
+
+def _own_config(model):
+    """Give ``model`` a config object of its own before :func:`apply` writes into it.
+
+    Models built from one ``PretrainedConfig`` object share it (every layer keeps a reference),
+    so writing the attention implementation into it would switch the other models too, and
+    they would fail at their next forward. Every module that holds the shared object gets
+    the copy."""
+    shared = model.config
+    own = copy.deepcopy(shared)
+    for module in model.modules():
+        if getattr(module, "config", None) is shared:
+            module.config = own
+    return own
 
 
 def biases(model) -> list[nn.Module]:

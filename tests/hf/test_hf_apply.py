@@ -96,6 +96,23 @@ def test_config_records_the_choice():
     }
 
 
+def test_a_config_shared_with_another_model_is_left_alone():
+    """Two models built from one config object share it; apply changes only its own model."""
+    first = tiny_model()
+    config = first.config
+    second = type(first)(config).eval()
+    ids = ids_of()
+    with torch.no_grad():
+        before = second(ids).logits
+    rh.apply(first, "alibi")
+    assert second.config is config and config._attn_implementation != rh.ATTN_IMPLEMENTATION
+    assert not hasattr(config, "relbias")
+    assert all(m.config is first.config for m in first.modules() if hasattr(m, "config"))
+    with torch.no_grad():
+        assert torch.equal(second(ids).logits, before)
+        assert torch.allclose(first(ids).logits, reference_logits(first, ids), atol=1e-5)
+
+
 @pytest.mark.parametrize("family", list(FAMILY_KWARGS))
 def test_gradients_reach_every_bias_parameter(family):
     model = biased(family)

@@ -1,0 +1,176 @@
+"""Chapter 10's helpers: a small Llama from its config, HF's Trainer on the book's bytes, a
+check of cached generation against a full recompute, and the figure of a reading by length.
+
+Above :mod:`relbias.hf` (the ``hf`` extra); nothing below imports this module.
+"""
+
+from __future__ import annotations
+
+import tempfile
+
+import torch
+from IPython.display import Markdown
+from IPython.display import display as _display
+
+from relbias.book.plots import figure
+
+__all__ = [
+    "LLAMA",
+    "cached_logits_gap",
+    "plot_by_length",
+    "setting_box",
+    "setting_text",
+    "small_llama",
+    "train_with_trainer",
+]
+
+#: The chapter's small byte-level Llama: vocabulary 256 (one token per byte), hidden size
+#: 64, 2 layers, 4 query heads of dimension 16 sharing 2 key/value heads (grouped-query
+#: attention), as :func:`relbias.hf.train.build_model` builds it.
+LLAMA = dict(
+    vocab_size=256,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=4096,
+    bos_token_id=None,
+    eos_token_id=None,
+    pad_token_id=None,
+    tie_word_embeddings=True,
+)
+
+
+def small_llama(seed: int = 0):
+    """:data:`LLAMA` built from its config (no download), with RoPE, seeded."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    return LlamaForCausalLM(LlamaConfig(**LLAMA))
+
+
+class _Windows(torch.utils.data.Dataset):
+    """``count`` random windows of ``seq_len`` bytes, drawn once (seeded)."""
+
+    def __init__(self, data: torch.Tensor, count: int, seq_len: int, seed: int):
+        from relbias.lab.data import random_windows
+
+        self.x, _ = random_windows(data, count, seq_len, torch.Generator().manual_seed(seed))
+
+    def __len__(self):
+        return self.x.shape[0]
+
+    def __getitem__(self, i):
+        return {"input_ids": self.x[i], "labels": self.x[i]}
+
+
+def train_with_trainer(model, text, *, steps=300, batch_size=16, seq_len=64, lr=3e-3, seed=0):
+    """Train ``model`` with ``transformers.Trainer`` on random windows of the bytes ``text``
+    (a 1-D tensor), in one process on the CPU, silently. Returns the training losses, one
+    per 50 steps (nats per byte)."""
+    from transformers import PrinterCallback, Trainer, TrainingArguments
+
+    data = _Windows(text, steps * batch_size, seq_len, seed)
+    with tempfile.TemporaryDirectory() as folder:
+        args = TrainingArguments(
+            output_dir=folder,
+            max_steps=steps,
+            per_device_train_batch_size=batch_size,
+            learning_rate=lr,
+            logging_steps=50,
+            save_strategy="no",
+            report_to=[],  # no trackers
+            disable_tqdm=True,  # no progress bar
+            use_cpu=True,
+            seed=seed,
+            train_sampling_strategy="sequential",  # the windows in the order drawn
+        )
+        trainer = Trainer(model=model, args=args, train_dataset=data)
+        trainer.remove_callback(PrinterCallback)  # the losses stay in the log history
+        trainer.train()
+    model.eval()
+    return [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
+
+
+@torch.no_grad()
+def cached_logits_gap(model, prompts: torch.Tensor, new_tokens: int, cache: str) -> float:
+    """Greedy ``generate`` of ``new_tokens`` after ``prompts`` ``[rows, n]`` with the cache
+    ``cache`` (``"dynamic"`` or ``"static"``): the largest gap between the logits of each
+    decoding step and those of one forward pass over the whole generated sequence."""
+    out = model.generate(
+        prompts,
+        attention_mask=torch.ones_like(prompts),
+        max_new_tokens=new_tokens,
+        min_new_tokens=new_tokens,
+        do_sample=False,
+        output_logits=True,
+        return_dict_in_generate=True,
+        cache_implementation=cache,
+        pad_token_id=0,
+    )
+    full = model(input_ids=out.sequences, use_cache=False).logits
+    start = prompts.shape[1] - 1
+    return max(float((step - full[:, start + t]).abs().max()) for t, step in enumerate(out.logits))
+
+
+def plot_by_length(readings: dict, train_len: int):
+    """Two panels from :func:`relbias.hf.eval_by_length` readings (label to reading): bits
+    per byte by window length, and the context-use difference (long reading minus a sliding
+    window of the training length) at the lengths past it."""
+    fig, axes = figure(8.0, 3.0, ncols=2)
+    left, right = axes.flat
+    for label, reading in readings.items():
+        rows = reading["by_length"]
+        left.plot([r["length"] for r in rows], [r["bits"] for r in rows], "o-", label=label)
+        far = [r for r in rows if r["context_use"] is not None]
+        right.plot(
+            [r["length"] for r in far],
+            [r["context_use"]["difference"] for r in far],
+            "o-",
+            label=label,
+        )
+    for ax in (left, right):
+        ax.set_xscale("log", base=2)
+        lengths = [r["length"] for r in next(iter(readings.values()))["by_length"]]
+        ax.set_xticks(lengths, [f"{n:,}" for n in lengths])
+        ax.minorticks_off()
+        ax.axvline(train_len, color="grey", lw=0.8, ls="--")
+        ax.set_xlabel("window length (bytes)")
+    right.axhline(0.0, color="grey", lw=0.8)
+    left.set_ylabel("bits per byte")
+    right.set_ylabel("long minus sliding (bits per byte)")
+    left.set_title("loss by window length", fontsize=9)
+    right.set_title(f"context use past {train_len} bytes", fontsize=9)
+    left.legend(fontsize=8)
+    return fig
+
+
+def setting_text(config, *, steps: int, seq_len: int, batch_size: int, family: str) -> str:
+    """The setting box of chapter 10 as MyST, in the layout of
+    :func:`relbias.book.setting.setting_text`: the book, this chapter's Llama, the text (of
+    ``config``), and its live runs (no stored sweep)."""
+    from relbias.book.setting import _text_line
+
+    heads, kv = LLAMA["num_attention_heads"], LLAMA["num_key_value_heads"]
+    params = sum(p.numel() for p in small_llama().parameters())
+    lines = [
+        "**The book** is Xiao and Zhu's *Foundations of Large Language Models* "
+        "{cite:p}`xiao2025foundations`; these pages are a companion to its §2.3.5.",
+        f"**The model**: a Hugging Face `LlamaForCausalLM` built from its config, byte-level "
+        f"(vocabulary 256), {LLAMA['num_hidden_layers']} layers, hidden size "
+        f"{LLAMA['hidden_size']}, {heads} heads of dimension {LLAMA['hidden_size'] // heads} "
+        f"sharing {kv} key/value heads (about {round(params, -3) // 1000:,} thousand "
+        "parameters), not TinyLM.",
+        _text_line(config),
+        f"**The runs**: the live demo trains two models with HF's Trainer, `{family}` and RoPE "
+        f"($m_l$ = {seq_len} bytes, {steps:,} steps of {batch_size} windows, one seed); no "
+        "stored sweep. {ref}`Chapter 1 <sec-setting>` says more.",
+    ]
+    body = "\n".join(f"- {line}" for line in lines)
+    return f":::{{admonition}} The setting\n:class: note\n\n{body}\n:::\n"
+
+
+def setting_box(config, **kwargs) -> None:
+    """Display :func:`setting_text` (a Markdown output: MyST in the built book)."""
+    _display(Markdown(setting_text(config, **kwargs)))
