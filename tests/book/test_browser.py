@@ -514,8 +514,13 @@ def test_page_in_chromium(browser, server, bibliography, page_name, mode, width)
         context.close()
 
 
+# Each heading's text without its maths (MathJax's rendering, or the TeX before it runs),
+# as the source's heading is compared without its $...$.
 HEADINGS_JS = """() => Array.from(document.querySelectorAll(
-    'main h1, main h2, main h3, main h4, main h5, main h6')).map(h => h.innerText)"""
+    'main h1, main h2, main h3, main h4, main h5, main h6')).map(h => {
+        const c = h.cloneNode(true);
+        c.querySelectorAll('mjx-container, .math, script').forEach(e => e.remove());
+        return c.textContent; })"""
 # Literal blocks of the page that are not a code cell's input or output: [language, text].
 LITERALS_JS = """() => Array.from(document.querySelectorAll('main div[class*="highlight-"]'))
     .filter(d => !d.closest('.cell'))
