@@ -22,7 +22,7 @@ from relbias.lab import stats
 matplotlib.use("Agg")
 
 BOOK = Path(__file__).resolve().parents[2] / "book"
-CHAPTERS = sorted(p for p in BOOK.glob("0*.ipynb"))
+CHAPTERS = sorted(p for p in BOOK.glob("[0-9]*.ipynb"))
 #: Chapters whose findings rest on stored runs: each has a claims cell.
 WITH_FINDINGS = [p for p in CHAPTERS if not p.name.startswith("01")]
 
