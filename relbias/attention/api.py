@@ -16,7 +16,14 @@ import math
 import torch
 from torch.nn import functional as F
 
-from relbias._checks import autocast_enabled, check_bool, check_lengths, needs_grad, no_autocast
+from relbias._checks import (
+    autocast_enabled,
+    check_bool,
+    check_lengths,
+    check_positive_float,
+    needs_grad,
+    no_autocast,
+)
 from relbias.attention.flex import FLEX_DTYPES, flex_attention_with_bias
 from relbias.attention.table import table_attention
 from relbias.biases.base import DataDependentBias, RelativeBias
@@ -193,6 +200,7 @@ def biased_attention(
     q_start=None,
     backend="auto",
     return_backend=False,
+    scale=None,
 ):
     r"""Softmax attention with an additive bias: the book's Eqs. 2.75-2.77.
 
@@ -227,6 +235,11 @@ def biased_attention(
     and ``return_weights=True`` always materialise. All backends give the same values
     within float rounding.
 
+    ``scale`` replaces :math:`1/\sqrt{d}` as the factor of the scores (None: :math:`1/\sqrt{d}`;
+    a Hugging Face model passes its own ``scaling``); every backend takes it by scaling the
+    queries by ``scale * sqrt(d)`` first, which is the same attention (within float rounding;
+    a gradient flows through it) with the bias still added after the scaling.
+
     Under ``torch.autocast`` the bias is computed and added in float32 (FIRE's MLP
     included): with a bias, the attention runs outside autocast on ``q``, ``k``, ``v``
     cast to at least float32, and returns that dtype.
@@ -241,6 +254,10 @@ def biased_attention(
     check_bool("causal", causal)
     _check_bias_type(bias)
     q_len, k_len, q_start = check_lengths(q.shape[2], k.shape[2], q_start)  # the one check
+    if scale is not None:
+        factor = check_positive_float("scale", scale) * math.sqrt(q.shape[-1])
+        if factor != 1.0:
+            q = q * factor
     if bias is not None and autocast_enabled(q.device):
         # The bias is computed and added in float32: the attention runs outside autocast,
         # on q, k and v in at least float32 (autocast would round the bias to its dtype).

@@ -134,3 +134,52 @@ def test_zero_length(q_len, k_len, q_start):
     assert (out == 0).all()
     out, w = biased_attention(q, k, v, ALiBi(3), q_start=q_start, return_weights=True)
     assert out.shape == (2, 3, q_len, 6) and w.shape == (2, 3, q_len, k_len)
+
+
+def _scaled_reference(q, k, v, table, scale, q_start=None):
+    """plain_attention with the scores' factor ``scale`` in place of 1/sqrt(d)."""
+    factor = scale * math.sqrt(q.shape[-1])
+    return plain_attention(q * factor, k, v, table, q_start=q_start)[0]
+
+
+@pytest.mark.parametrize("backend", ["materialize", "table", "fused", "flex"])
+@pytest.mark.parametrize("family", ["alibi", "t5", "kerple_log", "fire"])
+def test_a_given_scale_replaces_one_over_sqrt_d(backend, family):
+    """HF passes its own ``scaling``: every backend uses it, the bias still added after it."""
+    module = build(family, 3).float()
+    torch.manual_seed(0)
+    q, k, v = qkv(heads=3, q_len=4, k_len=11, d=16, dv=16, dtype=torch.float32)
+    table = module(4, 11).detach()
+    for scale in (0.05, 0.7):
+        expected = _scaled_reference(q, k, v, table, scale)
+        with torch.no_grad():
+            got = biased_attention(q, k, v, module, backend=backend, scale=scale)
+            # scale = 1/sqrt(d) is the default exactly (no extra multiplication)
+            same = biased_attention(q, k, v, module, backend=backend, scale=1 / math.sqrt(16))
+            default = biased_attention(q, k, v, module, backend=backend)
+        torch.testing.assert_close(got, expected, atol=2e-5, rtol=1e-4)
+        assert torch.equal(same, default)
+
+
+@pytest.mark.parametrize("backend", ["materialize", "fused"])
+def test_the_scale_reaches_the_gradients(backend):
+    module = build("kerple_power", 3).float()
+    q, k, v = (
+        t.requires_grad_() for t in qkv(heads=3, q_len=6, k_len=6, d=16, dtype=torch.float32)
+    )
+    grads = {}
+    for name, fn in (
+        ("got", lambda: biased_attention(q, k, v, module, backend=backend, scale=0.2)),
+        ("ref", lambda: _scaled_reference(q, k, v, module(6, 6), 0.2)),
+    ):
+        out = fn()
+        grads[name] = torch.autograd.grad(out.square().sum(), (q, k, v, *module.parameters()))
+    for got, ref in zip(grads["got"], grads["ref"]):
+        torch.testing.assert_close(got, ref, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("bad", [0, -1.0, float("nan"), float("inf"), True, "0.1"])
+def test_a_bad_scale_is_named(bad):
+    q, k, v = qkv()
+    with pytest.raises((TypeError, ValueError), match="scale must be a positive"):
+        biased_attention(q, k, v, None, scale=bad)
