@@ -13,6 +13,7 @@ from IPython.display import Markdown
 from IPython.display import display as _display
 
 from relbias.book.plots import figure
+from relbias.hf.train import SMALL_LLAMA
 
 __all__ = [
     "LLAMA",
@@ -24,22 +25,8 @@ __all__ = [
     "train_with_trainer",
 ]
 
-#: The chapter's small byte-level Llama: vocabulary 256 (one token per byte), hidden size
-#: 64, 2 layers, 4 query heads of dimension 16 sharing 2 key/value heads (grouped-query
-#: attention), as :func:`relbias.hf.train.build_model` builds it.
-LLAMA = dict(
-    vocab_size=256,
-    hidden_size=64,
-    intermediate_size=128,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    max_position_embeddings=4096,
-    bos_token_id=None,
-    eos_token_id=None,
-    pad_token_id=None,
-    tie_word_embeddings=True,
-)
+#: The chapter's small byte-level Llama: the one :func:`relbias.hf.train.build_model` builds.
+LLAMA = SMALL_LLAMA
 
 
 def small_llama(seed: int = 0):

@@ -28,6 +28,24 @@ from relbias._checks import check_int
 __all__ = ["build_model", "main", "train_on_bytes"]
 
 
+#: The small byte-level Llama of :func:`build_model` (and of the book's chapter 10): vocabulary
+#: 256 (one token per byte), hidden size 64, 2 layers, 4 query heads of dimension 16 sharing
+#: 2 key/value heads (grouped-query attention).
+SMALL_LLAMA = dict(
+    vocab_size=256,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=4096,
+    bos_token_id=None,
+    eos_token_id=None,
+    pad_token_id=None,
+    tie_word_embeddings=True,
+)
+
+
 def build_model(family: str | None, *, seed: int = 0, **bias_kwargs):
     """A small byte-level Llama (vocab 256, hidden 64, 2 layers, 4 heads, 2 key heads),
     with the relbias ``family`` applied, or RoPE (``family=None``)."""
@@ -36,20 +54,7 @@ def build_model(family: str | None, *, seed: int = 0, **bias_kwargs):
     import relbias.hf as rh
 
     torch.manual_seed(seed)
-    config = LlamaConfig(
-        vocab_size=256,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=4096,
-        bos_token_id=None,
-        eos_token_id=None,
-        pad_token_id=None,
-        tie_word_embeddings=True,
-    )
-    model = LlamaForCausalLM(config)
+    model = LlamaForCausalLM(LlamaConfig(**SMALL_LLAMA))
     if family is not None:
         rh.apply(model, family, **bias_kwargs)
     return model
