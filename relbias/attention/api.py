@@ -25,6 +25,7 @@ from relbias._checks import (
     no_autocast,
 )
 from relbias.attention.flex import FLEX_DTYPES, flex_attention_with_bias
+from relbias.attention.positioned import positioned_attention
 from relbias.attention.table import table_attention
 from relbias.biases.base import DataDependentBias, RelativeBias
 from relbias.biases.prepared import PreparedBias, visible
@@ -62,9 +63,15 @@ def _check_qkv(q, k, v) -> None:
             )
         if not t.is_floating_point():
             raise TypeError(f"{name} must be a floating-point tensor, got {t.dtype}")
-    if q.shape[:2] != k.shape[:2] or k.shape[:3] != v.shape[:3]:
+    if (
+        q.shape[0] != k.shape[0]
+        or k.shape[:3] != v.shape[:3]
+        or k.shape[1] == 0
+        or q.shape[1] % k.shape[1]
+    ):
         raise ValueError(
-            "q, k and v must agree in batch and heads, and k and v in length: got "
+            "q, k and v must agree in batch, k and v in heads and in length, and q's heads must "
+            "be a multiple of k's (grouped-query attention): got "
             f"q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}"
         )
     if q.shape[-1] != k.shape[-1]:
@@ -128,7 +135,9 @@ def _dense_mask(additive, q, q_len, k_len, q_start, causal):
     return mask
 
 
-def choose_backend(q, k, v, bias=None, backend="auto", *, return_weights=False) -> str:
+def choose_backend(
+    q, k, v, bias=None, backend="auto", *, return_weights=False, positioned=False
+) -> str:
     """The backend :func:`biased_attention` takes for these arguments: the one ``auto`` policy.
 
     An explicit ``backend`` is checked against the bias (``ValueError`` where it cannot
@@ -146,15 +155,27 @@ def choose_backend(q, k, v, bias=None, backend="auto", *, return_weights=False) 
       it); without gradients ``"table"`` on CUDA (the O(n) table through strided masks,
       which never builds a ``q_len x k_len`` index or bias tensor), else
       ``"materialize"``.
+
+    ``positioned``: the call has per-row positions, a mask or grouped keys (keys with fewer
+    heads than the queries; :mod:`relbias.attention.positioned`), which the fused kernel
+    does not take: ``"auto"`` then passes it by (the table path without gradients, the
+    materialised bias with them), and ``backend="fused"`` is a ``ValueError``.
     """
     _check_qkv(q, k, v)
     _check_bias_type(bias)
-    return _choose(backend, q, k, v, bias, return_weights)
+    positioned = positioned or k.shape[1] != q.shape[1]
+    return _choose(backend, q, k, v, bias, return_weights, positioned)
 
 
-def _choose(backend, q, k, v, bias, return_weights) -> str:
+def _choose(backend, q, k, v, bias, return_weights, positioned=False) -> str:
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {list(BACKENDS)}, got {backend!r}")
+    if positioned and backend == "fused":
+        raise ValueError(
+            "backend='fused' reads slots only: it takes no q_positions/k_positions, no mask "
+            "and no grouped keys (fewer key heads than query heads); use backend='table', "
+            "'flex' or 'materialize' (or 'auto')"
+        )
     structured = isinstance(bias, (RelativeBias, PreparedBias))
     preparable = structured and (isinstance(bias, PreparedBias) or bias.preparable)
     if backend != "auto":
@@ -180,7 +201,9 @@ def _choose(backend, q, k, v, bias, return_weights) -> str:
         from relbias.attention import fused  # built on first use
 
         for name in CPU_TRAINING_BACKENDS if training else CPU_INFERENCE_BACKENDS:
-            if name != "fused" or (q.dtype in fused.DTYPES and fused.available()):
+            if name != "fused" or (
+                not positioned and q.dtype in fused.DTYPES and fused.available()
+            ):
                 return name
     if training:
         return "materialize"
@@ -201,6 +224,9 @@ def biased_attention(
     backend="auto",
     return_backend=False,
     scale=None,
+    q_positions=None,
+    k_positions=None,
+    mask=None,
 ):
     r"""Softmax attention with an additive bias: the book's Eqs. 2.75-2.77.
 
@@ -240,6 +266,20 @@ def biased_attention(
     queries by ``scale * sqrt(d)`` first, which is the same attention (within float rounding;
     a gradient flows through it) with the bias still added after the scaling.
 
+    ``q_positions`` ``[batch or 1, q_len]`` and ``k_positions`` ``[batch or 1, k_len]``
+    (integer tensors) place the bias per row where the positions are not the slots
+    (left padding, packed sequences, a static cache): PE is
+    :meth:`~relbias.RelativeBias.at_positions` there, while ``causal`` and ``q_start``
+    still say which key *slots* a query slot sees. ``mask`` (boolean, True where a query
+    may read a key, broadcastable to ``[batch, heads, q_len, k_len]``; or FlexAttention's
+    ``BlockMask`` with ``backend="flex"`` and ``causal=False``) hides more keys; with a
+    mask, ``causal=False`` is allowed for a bias built causal (the mask then hides the
+    future). ``k`` and ``v`` may have fewer heads than ``q`` (grouped-query attention: a
+    divisor; query head ``h`` reads key head ``h // (heads // kv_heads)``, without copying
+    the keys). A query that sees no key gets a zero output. These run on the
+    materialised, table and FlexAttention backends (:mod:`relbias.attention.positioned`);
+    the fused kernel reads slots only.
+
     Under ``torch.autocast`` the bias is computed and added in float32 (FIRE's MLP
     included): with a bias, the attention runs outside autocast on ``q``, ``k``, ``v``
     cast to at least float32, and returns that dtype.
@@ -254,25 +294,35 @@ def biased_attention(
     check_bool("causal", causal)
     _check_bias_type(bias)
     q_len, k_len, q_start = check_lengths(q.shape[2], k.shape[2], q_start)  # the one check
+    where = None
+    if q_positions is not None or k_positions is not None or mask is not None:
+        where = (q_positions, k_positions, mask)
+    elif k.shape[1] != q.shape[1]:
+        where = (None, None, None)
+    factor = 1.0
     if scale is not None:
         factor = check_positive_float("scale", scale) * math.sqrt(q.shape[-1])
-        if factor != 1.0:
-            q = q * factor
     if bias is not None and autocast_enabled(q.device):
         # The bias is computed and added in float32: the attention runs outside autocast,
         # on q, k and v in at least float32 (autocast would round the bias to its dtype).
         dtype = functools.reduce(torch.promote_types, (q.dtype, k.dtype, v.dtype, torch.float32))
         with no_autocast(q.device):
             q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
-            return _attend(q, k, v, bias, causal, return_weights, q_start, backend, return_backend)
-    return _attend(q, k, v, bias, causal, return_weights, q_start, backend, return_backend)
+            if factor != 1.0:
+                q = q * factor  # after the cast: the queries are not rounded to autocast's dtype
+            return _attend(
+                q, k, v, bias, causal, return_weights, q_start, backend, return_backend, where
+            )
+    if factor != 1.0:
+        q = q * factor
+    return _attend(q, k, v, bias, causal, return_weights, q_start, backend, return_backend, where)
 
 
-def _attend(q, k, v, bias, causal, return_weights, q_start, backend, return_backend):
+def _attend(q, k, v, bias, causal, return_weights, q_start, backend, return_backend, where=None):
     """:func:`biased_attention` for arguments already checked."""
     batch, heads, q_len, head_dim = q.shape
     k_len = k.shape[2]
-    chosen = _choose(backend, q, k, v, bias, return_weights)
+    chosen = _choose(backend, q, k, v, bias, return_weights, where is not None)
 
     def finish(*outputs):
         if return_backend:
@@ -280,9 +330,10 @@ def _attend(q, k, v, bias, causal, return_weights, q_start, backend, return_back
         return outputs if len(outputs) > 1 else outputs[0]
 
     if isinstance(bias, RelativeBias):
-        _check_module(bias, heads, causal)
+        _check_module(bias, heads, causal or (where is not None and where[2] is not None))
     elif isinstance(bias, PreparedBias):
-        bias.check_shape(heads, q_len, k_len, q_start, causal, batch=batch)
+        masked = where is not None and where[2] is not None and not bias.batch
+        bias.check_shape(heads, q_len, k_len, q_start, causal or masked, batch=batch)
     elif isinstance(bias, torch.Tensor):
         _check_dense(bias, (batch, heads, q_len, k_len))
     if q_len == 0 or k_len == 0:
@@ -290,6 +341,23 @@ def _attend(q, k, v, bias, causal, return_weights, q_start, backend, return_back
         if return_weights:
             return finish(out, q.new_zeros(batch, heads, q_len, k_len))
         return finish(out)
+
+    if where is not None:
+        q_positions, k_positions, mask = where
+        result = positioned_attention(
+            q,
+            k,
+            v,
+            bias,
+            backend=chosen,
+            causal=causal,
+            q_start=q_start,
+            q_positions=q_positions,
+            k_positions=k_positions,
+            mask=mask,
+            return_weights=return_weights,
+        )
+        return finish(*result) if return_weights else finish(result)
 
     if chosen in ("table", "flex", "fused"):
         prepared = bias

@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from relbias._checks import check_bool, check_int, check_lengths, no_autocast
-from relbias.biases.positions import relative_positions, take_columns
+from relbias._checks import check_bool, check_int, check_lengths, compute_dtype, no_autocast
+from relbias.biases.positions import check_positions, relative_positions, take_columns
 from relbias.biases.prepared import OffsetTableBias
 
 
@@ -98,6 +98,53 @@ class RelativeBias(nn.Module):
         offsets = torch.arange(min_offset, max_offset + 1, device=self.device)
         with no_autocast(self.device):  # float32 whatever autocast the caller runs under
             return self._offset_values(offsets)
+
+    def at_positions(self, q_positions, k_positions, *, elementwise=None) -> torch.Tensor:
+        """PE(i, j) for queries at ``q_positions`` and keys at ``k_positions``, per row.
+
+        ``q_positions`` is an integer tensor ``[rows, q_len]`` and ``k_positions``
+        ``[rows, k_len]`` (``rows``: the batch, or 1 for positions every sequence shares;
+        one of them may have 1 row where the other has more). Returns
+        ``[rows, num_heads, q_len, k_len]`` in the compute dtype (float32, or float64 for a
+        float64 module), outside autocast: :meth:`forward` for positions that are not
+        ``q_start + r`` and ``j`` (left padding, packed sequences, a static cache).
+
+        An offset-only family reads the offsets from its :meth:`offset_table` over the range
+        that occurs (one read of that range), or with ``elementwise=True`` evaluates every
+        offset (no read of the positions' values: the path under ``torch.compile``, where
+        the read would break the graph). Both give the same values; the default takes the
+        elementwise path when compiling, and where there are no more offsets than twice
+        ``q_len + k_len`` (a decoding step: fewer than the table would hold).
+        """
+        q_positions, k_positions = check_positions(q_positions, k_positions)
+        rows = max(q_positions.shape[0], k_positions.shape[0])
+        shape = (rows, q_positions.shape[1], k_positions.shape[1])
+        if elementwise is None:
+            # Few offsets per row (a decoding step): fewer than the table would hold.
+            few = rows * shape[1] * shape[2] <= 2 * (shape[1] + shape[2])
+            elementwise = few or torch.compiler.is_compiling()
+        if 0 in shape:
+            return torch.zeros(
+                rows,
+                self.num_heads,
+                *shape[1:],
+                dtype=compute_dtype(*self._tensors()),
+                device=q_positions.device,
+            )
+        offsets = q_positions[:, :, None] - k_positions[:, None, :]
+        with no_autocast(offsets.device):
+            return self._values_at(offsets, q_positions, elementwise)
+
+    def _values_at(self, offsets, q_positions, elementwise) -> torch.Tensor:
+        """:meth:`at_positions` for checked positions: ``offsets`` ``[rows, q_len, k_len]``."""
+        if not self.offset_only:
+            raise NotImplementedError(f"{type(self).__name__} does not compute PE per position")
+        if elementwise:
+            values = self._offset_values(offsets.reshape(-1))  # [heads, rows * q * k]
+            return values.view(self.num_heads, *offsets.shape).transpose(0, 1)
+        low, high = (int(v) for v in torch.stack(torch.aminmax(offsets)).tolist())
+        table = self.offset_table(low, high)  # [heads, high - low + 1]
+        return take_columns(table, offsets - low).transpose(0, 1)
 
     def prepare(self, q_len, k_len=None, *, q_start=None):
         """The O(n) ingredients of this bias for one attention shape: a prepared bias.

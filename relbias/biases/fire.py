@@ -106,6 +106,14 @@ class FIRE(RelativeBias):
         b2 = self.output_layer.bias.to(dtype)
         return FIREBias._unchecked(psi_table, denominator, w1, b1, w2, b2, q_len, k_len, q_start)
 
+    def _values_at(self, offsets, q_positions, elementwise):
+        r"""FIRE at per-row positions: the query position ``i`` of each row sets its
+        denominator :math:`\psi(\max(L, i))`."""
+        dtype = compute_dtype(self.c)
+        threshold = torch.maximum(q_positions.to(dtype), self.L.to(dtype))
+        x = self.psi(offsets.abs().to(dtype)) / (self.psi(threshold)[:, :, None] + self.eps)
+        return self.mlp(x).permute(0, 3, 1, 2)
+
     def _position_values(self, q_len, k_len, q_start):
         x = self.normalized_input(q_len, k_len, q_start=q_start)
         return self.mlp(x).permute(2, 0, 1)

@@ -22,13 +22,13 @@ batch), and ``accelerate launch`` gives DDP or FSDP on several GPUs (not tested 
 GPU). The bias parameters are ordinary parameters of the model, so DDP averages their
 gradients and FSDP shards them with the layer that holds them.
 
-Limits: the bias reaches attention as a dense ``[rows, heads, q_len, k_len]`` tensor
-(computed once for all rows that share their positions) added to the scores of
-``scaled_dot_product_attention``; the core's O(n) table, FlexAttention and fused-kernel
-paths take no per-row positions, external mask or score scale yet, so they are not used
-here. With a cache, each row's positions must advance by one per cache slot (what
-``generate`` does, left padding included). The forget gate serves training and
-evaluation without a cache.
+The attention is the core's :func:`relbias.biased_attention` at each row's positions,
+under HF's boolean mask, with HF's scale and the grouped keys as they come: the table
+path without gradients (blocks of rows, no ``[q_len, k_len]`` bias at once; a decoding
+step is one row), the materialised bias with gradients. Limits: the fused CPU kernel
+reads slots only, so it is not used here. With a cache, each row's positions must advance
+by one per cache slot (what ``generate`` does, left padding included). The forget gate
+serves training and evaluation without a cache.
 """
 
 from relbias.hf._apply import (

@@ -24,25 +24,24 @@ Positions come per row. The query positions are HF's ``position_ids`` (left padd
   last query (never a padding token under left padding): a static cache, whose queries
   do not sit at ``k_len - q_len``, and a left-padded row both come out right.
 
-The bias is computed in float32 from those positions with the core's own formulas: an
-offset-only family through its offset table (:meth:`~relbias.RelativeBias.offset_table`,
-over the offsets that occur), FIRE through :meth:`~relbias.FIRE.psi` and
-:meth:`~relbias.FIRE.mlp` with the per-row query position, the forget gate from the
-layer's input. It is added to ``query @ key^T * scaling`` with the mask (masked entries
-at the dtype's lowest value, as HF's eager attention), and the attention runs in
-``torch.nn.functional.scaled_dot_product_attention`` with HF's ``scaling`` and grouped
-keys (``enable_gqa``: relbias.hf does not repeat the keys per query head).
+The attention is the core's :func:`relbias.biased_attention` at those positions
+(``q_positions``, ``k_positions``: PE is the family's
+:meth:`~relbias.RelativeBias.at_positions`), under HF's boolean mask, with HF's
+``scaling`` as its ``scale`` and the grouped keys as they come (no copy per query head);
+the forget gate is prepared from the layer's input (:meth:`~relbias.ForgettingGate.prepare`).
+The core computes and adds the bias in float32 (under autocast too), and a query that
+sees no key (a left-padding position) gets a zero output where HF's eager attention
+averages every value: only the padding positions differ. Which backend runs is the core's
+``auto`` choice: the table path without gradients (one block of rows at a time; a decoding
+step is one row), the materialised bias with them.
 """
 
 from __future__ import annotations
 
 import torch
-from torch.nn import functional as F
 
-from relbias._checks import autocast_enabled, compute_dtype, no_autocast
+from relbias.attention.api import biased_attention
 from relbias.biases.base import DataDependentBias, RelativeBias
-from relbias.biases.fire import FIRE
-from relbias.biases.positions import take_columns
 
 #: The name under which the attention and mask functions are registered.
 ATTN_IMPLEMENTATION = "relbias"
@@ -136,43 +135,6 @@ def positions(query, key, position_ids, offsets) -> tuple[torch.Tensor, torch.Te
     return qpos, kpos
 
 
-def dense_bias(bias, qpos, kpos, hidden=None, *, elementwise=None) -> torch.Tensor:
-    """The bias ``[rows, heads, q_len, k_len]`` in float32 (float64 for a float64 module) for
-    queries at ``qpos`` ``[rows, q_len]`` and keys at ``kpos`` ``[rows, k_len]`` (the forget
-    gate: ``[batch, heads, q_len, k_len]`` from the layer input ``hidden``).
-
-    An offset-only family is read from its offset table over the offsets that occur (one
-    host read of their range), or with ``elementwise=True`` evaluated at every offset
-    (no host read: the path taken under ``torch.compile``, where a read would break the
-    graph). Both give the same values; the default takes the elementwise path exactly when
-    compiling.
-    """
-    device = qpos.device
-    if elementwise is None:
-        elementwise = torch.compiler.is_compiling()
-    with no_autocast(device):
-        if isinstance(bias, DataDependentBias):
-            # The forget gate: F_i - F_j from the layer input (no cache: keys are the queries).
-            return bias(hidden)
-        offsets = qpos[:, :, None] - kpos[:, None, :]  # [rows, q_len, k_len]
-        if isinstance(bias, FIRE):
-            dtype = compute_dtype(bias.c)
-            threshold = torch.maximum(qpos.to(dtype), bias.L.to(dtype))
-            x = bias.psi(offsets.abs().to(dtype)) / (bias.psi(threshold)[:, :, None] + bias.eps)
-            return bias.mlp(x).permute(0, 3, 1, 2)
-        if not bias.offset_only:
-            raise TypeError(
-                f"{type(bias).__name__} depends on absolute positions in a way relbias.hf "
-                "does not compute per row"
-            )
-        if elementwise:
-            values = bias._offset_values(offsets.reshape(-1))  # [heads, rows * q * k]
-            return values.view(bias.num_heads, *offsets.shape).transpose(0, 1)
-        low, high = (int(v) for v in torch.stack(torch.aminmax(offsets)).tolist())
-        table = bias.offset_table(low, high)  # [heads, high - low + 1]
-        return take_columns(table, offsets - low).transpose(0, 1)
-
-
 def relbias_attention(
     module,
     query: torch.Tensor,
@@ -195,58 +157,50 @@ def relbias_attention(
         raise ValueError(
             f"the bias has {bias_module.num_heads} heads but the layer's query has {heads}"
         )
-    if isinstance(bias_module, DataDependentBias) and key.shape[2] != q_len:
+    if dropout and module.training:
         raise ValueError(
-            f"family {module._relbias_family!r} (the forget gate) cannot decode with a "
-            f"cache ({key.shape[2]} keys for {q_len} queries): relbias.hf does not hold its "
-            "cumulative gate state between calls; use use_cache=False (training, "
-            "evaluation, or generate(..., use_cache=False))"
+            f"relbias attention has no attention dropout, but the layer asks for {dropout}: "
+            "set the config's attention_dropout to 0.0"
         )
-    qpos, kpos = positions(query, key, kwargs.get("position_ids"), kwargs.get(_OFFSETS_KW))
-    additive = dense_bias(bias_module, qpos, kpos, kwargs.get(_INPUT_KW))
-    if autocast_enabled(query.device):
-        # Under autocast the bias is added in float32, as the core's biased_attention does:
-        # the attention runs outside autocast on q, k, v in at least float32.
-        wide = torch.promote_types(query.dtype, torch.float32)
-        with no_autocast(query.device):
-            out = _attend(
-                module,
-                query.to(wide),
-                key.to(wide),
-                value.to(wide),
-                additive,
-                attention_mask,
-                scaling,
-                dropout,
+    if attention_mask is not None and attention_mask.dtype != torch.bool:
+        raise TypeError(
+            f"relbias attention takes the boolean mask of its own mask function, got a "
+            f"{attention_mask.dtype} mask (a 4-D float mask passed by hand is not supported)"
+        )
+    if isinstance(bias_module, DataDependentBias):
+        if key.shape[2] != q_len:
+            raise ValueError(
+                f"family {module._relbias_family!r} (the forget gate) cannot decode with a "
+                f"cache ({key.shape[2]} keys for {q_len} queries): relbias.hf does not hold "
+                "its cumulative gate state between calls; use use_cache=False (training, "
+                "evaluation, or generate(..., use_cache=False))"
             )
+        # F_i - F_j from the layer input; without a cache the slots are the positions.
+        bias = bias_module.prepare(kwargs[_INPUT_KW])
+        placed = {"causal": True}
     else:
-        out = _attend(module, query, key, value, additive, attention_mask, scaling, dropout)
-    return out.transpose(1, 2).contiguous(), None
-
-
-def _attend(module, query, key, value, additive, attention_mask, scaling, dropout):
-    """SDPA with the bias and HF's mask as one additive mask, in the query's dtype (a
-    float16/bfloat16 model without autocast: the bias is rounded to it, as the sum is)."""
-    dtype = query.dtype
-    if attention_mask is not None:
-        if attention_mask.dtype == torch.bool:
-            # Masked entries at the lowest finite value, as HF's eager mask: a row with every
-            # key masked (a padding query) gets uniform weights, not NaN.
-            lowest = torch.finfo(additive.dtype).min
-            additive = torch.where(attention_mask, additive, lowest)  # broadcasts the rows
-        else:
-            additive = additive + attention_mask.to(additive.dtype)
-    if additive.dtype != dtype:
-        additive = additive.clamp(min=torch.finfo(dtype).min).to(dtype)
-    return F.scaled_dot_product_attention(
+        qpos, kpos = positions(query, key, kwargs.get("position_ids"), kwargs.get(_OFFSETS_KW))
+        bias = bias_module
+        # HF's mask holds the causal rule (and padding, windows, a static cache's empty
+        # slots); the positions place the bias.
+        placed = {"q_positions": qpos, "k_positions": kpos, "causal": attention_mask is None}
+    out = biased_attention(
         query,
         key,
         value,
-        attn_mask=additive,
-        dropout_p=dropout if module.training else 0.0,
-        scale=scaling,
-        enable_gqa=key.shape[1] != query.shape[1],
+        bias,
+        mask=attention_mask,
+        scale=_float_scale(scaling, head_dim),
+        **placed,
     )
+    return out.transpose(1, 2).contiguous(), None
+
+
+def _float_scale(scaling, head_dim: int):
+    """HF's ``scaling`` as the core's ``scale`` (None: 1/sqrt(d), the core's default)."""
+    if scaling is None or scaling == head_dim**-0.5:
+        return None
+    return float(scaling)
 
 
 def relbias_mask(*args, **kwargs):

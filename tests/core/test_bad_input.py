@@ -236,9 +236,9 @@ def test_attention_q_k_v_types_and_shapes():
         biased_attention(q, k[0], v)
     with pytest.raises(TypeError, match="v must be a floating-point"):
         biased_attention(q, k, v.long())
-    with pytest.raises(ValueError, match="batch and heads"):
+    with pytest.raises(ValueError, match="agree in batch"):
         biased_attention(q[:1], k, v)
-    with pytest.raises(ValueError, match="batch and heads"):
+    with pytest.raises(ValueError, match="multiple of k's"):  # 3 query heads, 2 key heads
         biased_attention(q, k[:, :2], v[:, :2])
     with pytest.raises(ValueError, match="in length"):
         biased_attention(q, k, v[:, :, :5])

@@ -84,60 +84,43 @@ def _check_steps(model, prompt_ids, prompt_mask, out, beams=1):
         torch.testing.assert_close(got, full[:, width - 1 + t], rtol=0, atol=1e-5)
 
 
+def generate_and_check(model, rows, seed, **generate_kwargs):
+    """Generate NEW tokens greedily after the left-padded ``rows`` and check every step
+    against a full recompute (:func:`_check_steps`)."""
+    ids, mask = left_padded(random_rows(rows, seed=seed))
+    with torch.no_grad():
+        out = model.generate(
+            ids,
+            attention_mask=mask,
+            max_new_tokens=NEW,
+            do_sample=False,
+            output_logits=True,
+            return_dict_in_generate=True,
+            **generate_kwargs,
+        )
+    _check_steps(model, ids, mask, out, beams=generate_kwargs.get("num_beams", 1))
+
+
 @pytest.mark.parametrize("cache", ["dynamic", "static"])
 @pytest.mark.parametrize("family", GENERATE_FAMILIES)
 def test_generate_equals_a_full_recompute(family, cache):
     """Greedy decoding of a left-padded batch: with a static cache the queries do not sit
     at k_len - q_len (the keys are the whole preallocated cache)."""
     model = biased(family)
-    ids, mask = left_padded(random_rows([5, 2, 3], seed=3))
-    with torch.no_grad():
-        out = model.generate(
-            ids,
-            attention_mask=mask,
-            max_new_tokens=NEW,
-            do_sample=False,
-            output_logits=True,
-            return_dict_in_generate=True,
-            cache_implementation=cache,
-        )
-    _check_steps(model, ids, mask, out)
+    generate_and_check(model, [5, 2, 3], 3, cache_implementation=cache)
 
 
 @pytest.mark.parametrize("family", ["t5", "kerple_power", "kerple_log", "fire", "alibi"])
 def test_beam_search_equals_a_full_recompute(family):
     model = biased(family)
-    ids, mask = left_padded(random_rows([5, 3], seed=4))
-    with torch.no_grad():
-        out = model.generate(
-            ids,
-            attention_mask=mask,
-            max_new_tokens=NEW,
-            num_beams=3,
-            num_return_sequences=3,
-            do_sample=False,
-            output_logits=True,
-            return_dict_in_generate=True,
-        )
-    _check_steps(model, ids, mask, out, beams=3)
+    generate_and_check(model, [5, 3], 4, num_beams=3, num_return_sequences=3)
 
 
 @pytest.mark.parametrize("arch", ["qwen2", "mistral"])
 @pytest.mark.parametrize("cache", ["dynamic", "static"])
 def test_generate_on_other_architectures(arch, cache):
     model = biased("fire", arch)
-    ids, mask = left_padded(random_rows([4, 2], seed=5))
-    with torch.no_grad():
-        out = model.generate(
-            ids,
-            attention_mask=mask,
-            max_new_tokens=NEW,
-            do_sample=False,
-            output_logits=True,
-            return_dict_in_generate=True,
-            cache_implementation=cache,
-        )
-    _check_steps(model, ids, mask, out)
+    generate_and_check(model, [4, 2], 5, cache_implementation=cache)
 
 
 @pytest.mark.parametrize("cache", ["dynamic", "static"])
@@ -146,18 +129,7 @@ def test_sliding_window_cache_keeps_the_key_positions(family, cache):
     """Mistral with a 4-token window: the sliding cache drops old keys, so key slot 0 is no
     longer position 0 (the layer's key offset); decoding past the window stays exact."""
     model = biased(family, "mistral", sliding_window=4)
-    ids, mask = left_padded(random_rows([6, 3], seed=6))
-    with torch.no_grad():
-        out = model.generate(
-            ids,
-            attention_mask=mask,
-            max_new_tokens=NEW,
-            do_sample=False,
-            output_logits=True,
-            return_dict_in_generate=True,
-            cache_implementation=cache,
-        )
-    _check_steps(model, ids, mask, out)
+    generate_and_check(model, [6, 3], 6, cache_implementation=cache)
 
 
 @pytest.mark.parametrize("cache", ["dynamic", "static"])
@@ -168,18 +140,7 @@ def test_layers_with_and_without_a_window_in_one_model(cache):
         "kerple_log", "qwen2", use_sliding_window=True, sliding_window=4, max_window_layers=1
     )
     assert model.config.layer_types == ["full_attention", "sliding_attention"]
-    ids, mask = left_padded(random_rows([6, 3], seed=9))
-    with torch.no_grad():
-        out = model.generate(
-            ids,
-            attention_mask=mask,
-            max_new_tokens=NEW,
-            do_sample=False,
-            output_logits=True,
-            return_dict_in_generate=True,
-            cache_implementation=cache,
-        )
-    _check_steps(model, ids, mask, out)
+    generate_and_check(model, [6, 3], 9, cache_implementation=cache)
 
 
 @pytest.mark.parametrize("cache", ["dynamic", "static"])

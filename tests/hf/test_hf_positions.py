@@ -1,53 +1,12 @@
-"""The per-row bias of relbias.hf against the core's dense bias, its two paths, and
-torch.compile (no host read of positions: the whole model compiles as one graph)."""
+"""relbias.hf under torch.compile (no host read of positions: the whole model compiles as one
+graph) and under autocast. The per-row bias itself is the core's
+(tests/core/test_positioned.py)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
-from hf_helpers import FAMILY_KWARGS, HEADS, POSITION_FAMILIES, biased, random_rows
-
-import relbias
-from relbias.hf._attention import dense_bias
-
-
-def family_module(family):
-    torch.manual_seed(0)
-    bias = relbias.make_bias(family, HEADS, **FAMILY_KWARGS[family])
-    with torch.no_grad():
-        for name, p in bias.named_parameters():
-            if name == "weight" and p.dim() == 2 and p.shape[0] == HEADS:
-                p.normal_()
-    return bias
-
-
-@pytest.mark.parametrize("family", POSITION_FAMILIES)
-@pytest.mark.parametrize(("q_len", "k_len", "q_start"), [(7, 7, 0), (1, 9, 8), (3, 12, 5)])
-def test_rows_at_the_same_positions_are_the_core_dense_bias(family, q_len, k_len, q_start):
-    bias = family_module(family)
-    qpos = (torch.arange(q_len) + q_start).expand(2, q_len)
-    kpos = torch.arange(k_len).expand(2, k_len)
-    expected = bias(q_len, k_len, q_start=q_start)
-    for elementwise in (False, True):
-        got = dense_bias(bias, qpos, kpos, elementwise=elementwise)
-        assert got.shape == (2, HEADS, q_len, k_len)
-        torch.testing.assert_close(got[0], expected, rtol=0, atol=1e-6)
-        torch.testing.assert_close(got[1], expected, rtol=0, atol=1e-6)
-
-
-@pytest.mark.parametrize("family", POSITION_FAMILIES)
-def test_each_row_reads_its_own_positions(family):
-    """Rows with positions far apart and with gaps (as a user's position_ids may have): each
-    row's bias is the core's dense bias of that row's positions, on both paths."""
-    bias = family_module(family)
-    qpos = torch.tensor([[40, 41, 45], [3, 4, 5]])
-    kpos = torch.tensor([[0, 20, 40, 41, 45], [0, 1, 2, 4, 5]])
-    for elementwise in (False, True):
-        got = dense_bias(bias, qpos, kpos, elementwise=elementwise)
-        for b in range(2):
-            full = bias(int(qpos[b].max()) + 1, int(qpos[b].max()) + 1, q_start=0)
-            expected = full[:, qpos[b]][:, :, kpos[b]]
-            torch.testing.assert_close(got[b], expected, rtol=0, atol=1e-6)
+from hf_helpers import HEADS, biased, random_rows
 
 
 @pytest.mark.parametrize("family", ["fire", "t5"])
