@@ -25,7 +25,7 @@ from relbias._checks import (
     no_autocast,
 )
 from relbias.attention.flex import FLEX_DTYPES, flex_attention_with_bias
-from relbias.attention.positioned import positioned_attention
+from relbias.attention.positioned import fused_serves, positioned_attention
 from relbias.attention.table import table_attention
 from relbias.biases.base import DataDependentBias, RelativeBias
 from relbias.biases.prepared import PreparedBias, visible
@@ -136,7 +136,16 @@ def _dense_mask(additive, q, q_len, k_len, q_start, causal):
 
 
 def choose_backend(
-    q, k, v, bias=None, backend="auto", *, return_weights=False, positioned=False
+    q,
+    k,
+    v,
+    bias=None,
+    backend="auto",
+    *,
+    return_weights=False,
+    q_positions=None,
+    k_positions=None,
+    mask=None,
 ) -> str:
     """The backend :func:`biased_attention` takes for these arguments: the one ``auto`` policy.
 
@@ -156,26 +165,26 @@ def choose_backend(
       which never builds a ``q_len x k_len`` index or bias tensor), else
       ``"materialize"``.
 
-    ``positioned``: the call has per-row positions, a mask or grouped keys (keys with fewer
-    heads than the queries; :mod:`relbias.attention.positioned`), which the fused kernel
-    does not take: ``"auto"`` then passes it by (the table path without gradients, the
-    materialised bias with them), and ``backend="fused"`` is a ``ValueError``.
+    With per-row positions, a mask or grouped keys (``q_positions``, ``k_positions``,
+    ``mask``; keys with fewer heads than the queries: :mod:`relbias.attention.positioned`)
+    the same policy holds where the fused kernel can serve them: positions that advance by
+    one along each row (left padding, a cache; not packed sequences, whose positions
+    restart), a boolean mask (not a ``BlockMask``), not under ``torch.compile`` (reading
+    the positions would break the graph). Elsewhere ``"auto"`` passes the fused kernel by.
     """
     _check_qkv(q, k, v)
     _check_bias_type(bias)
-    positioned = positioned or k.shape[1] != q.shape[1]
-    return _choose(backend, q, k, v, bias, return_weights, positioned)
+    where = None
+    if q_positions is not None or k_positions is not None or mask is not None:
+        where = (q_positions, k_positions, mask)
+    elif k.shape[1] != q.shape[1]:
+        where = (None, None, None)
+    return _choose(backend, q, k, v, bias, return_weights, where)
 
 
-def _choose(backend, q, k, v, bias, return_weights, positioned=False) -> str:
+def _choose(backend, q, k, v, bias, return_weights, where=None) -> str:
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {list(BACKENDS)}, got {backend!r}")
-    if positioned and backend == "fused":
-        raise ValueError(
-            "backend='fused' reads slots only: it takes no q_positions/k_positions, no mask "
-            "and no grouped keys (fewer key heads than query heads); use backend='table', "
-            "'flex' or 'materialize' (or 'auto')"
-        )
     structured = isinstance(bias, (RelativeBias, PreparedBias))
     preparable = structured and (isinstance(bias, PreparedBias) or bias.preparable)
     if backend != "auto":
@@ -202,7 +211,9 @@ def _choose(backend, q, k, v, bias, return_weights, positioned=False) -> str:
 
         for name in CPU_TRAINING_BACKENDS if training else CPU_INFERENCE_BACKENDS:
             if name != "fused" or (
-                not positioned and q.dtype in fused.DTYPES and fused.available()
+                q.dtype in fused.DTYPES
+                and (where is None or fused_serves(q, k, v, bias, *where))
+                and fused.available()
             ):
                 return name
     if training:
@@ -276,9 +287,9 @@ def biased_attention(
     mask, ``causal=False`` is allowed for a bias built causal (the mask then hides the
     future). ``k`` and ``v`` may have fewer heads than ``q`` (grouped-query attention: a
     divisor; query head ``h`` reads key head ``h // (heads // kv_heads)``, without copying
-    the keys). A query that sees no key gets a zero output. These run on the
-    materialised, table and FlexAttention backends (:mod:`relbias.attention.positioned`);
-    the fused kernel reads slots only.
+    the keys). A query that sees no key gets a zero output. These run on every backend
+    (:mod:`relbias.attention.positioned`); the fused kernel takes positions that advance
+    by one along each row (a per-row shift: left padding, a cache) and a boolean mask.
 
     Under ``torch.autocast`` the bias is computed and added in float32 (FIRE's MLP
     included): with a bias, the attention runs outside autocast on ``q``, ``k``, ``v``
@@ -322,7 +333,7 @@ def _attend(q, k, v, bias, causal, return_weights, q_start, backend, return_back
     """:func:`biased_attention` for arguments already checked."""
     batch, heads, q_len, head_dim = q.shape
     k_len = k.shape[2]
-    chosen = _choose(backend, q, k, v, bias, return_weights, where is not None)
+    chosen = _choose(backend, q, k, v, bias, return_weights, where)
 
     def finish(*outputs):
         if return_backend:

@@ -30,6 +30,14 @@ through them to the module's parameters:
   forgetting heads skip far blocks; the backward adds each score's gradient to its query's
   and subtracts it from its key's :math:`F`.
 
+The same ops take keys with fewer heads than the queries (grouped-query attention: a
+query head reads its group's keys, which are never repeated; the backward sums each
+group's gradients in a fixed order), a boolean mask read as the scores are formed (a
+query that sees no key gets 0), and a bias position per sequence (``starts``: query row
+``r`` of sequence ``b`` at ``starts[b] + r``, while the causal rule reads the slots),
+which :mod:`relbias.attention.positioned` derives from per-row positions
+(:func:`placed_attention`).
+
 Weights below :math:`2^{-64}` of their row's largest are set to zero rather than
 computed: they change no float32 result (``k_len * 2^-64`` of a row's sum is far below
 float32's rounding), and computing them would form denormal floats, which are slow on
@@ -330,7 +338,7 @@ class _FusedAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, family, highest, extra, q, k, v, *tensors):
-        # extra: (q_start, causal, q_block, kv_block)
+        # extra: (q_start, causal, q_block, kv_block[, starts, mask])
         ops = torch.ops.relbias_fused
         out, lse, _ = getattr(ops, f"{family}_forward")(
             q, k, v, *_op_arguments(tensors, highest), *extra
@@ -364,7 +372,35 @@ def _run(q, k, v, bias: PreparedBias, causal: bool, q_block: int, kv_block: int)
     q_block = check_int("q_block", q_block, minimum=1)
     kv_block = check_int("kv_block", kv_block, minimum=1)
     family, tensors, highest = bias.kernel_inputs(causal)
-    extra = (bias.q_start, causal, q_block, kv_block)
+    return _call(q, k, v, family, tensors, highest, (bias.q_start, causal, q_block, kv_block))
+
+
+def placed_attention(
+    q, k, v, family, tensors, highest, *, q_start, causal, starts=None, mask=None
+) -> torch.Tensor:
+    """The kernel on inputs its caller prepared (:mod:`relbias.attention.positioned`).
+
+    ``family``, ``tensors`` and ``highest`` are what a prepared bias's
+    :meth:`~relbias.biases.prepared.PreparedBias.kernel_inputs` returns, for a table that
+    covers every offset met; ``k`` and ``v`` may have fewer heads than ``q`` (a divisor);
+    ``starts`` (int64 ``[batch]``) puts query row ``r`` of sequence ``b`` at bias position
+    ``starts[b] + r`` (else ``q_start + r``), while the causal rule reads the slots
+    (``q_start + r``); ``mask`` (bool, 4-D, broadcastable to ``[batch, heads, q_len,
+    k_len]``) hides keys, and a query that sees none gets 0. Differentiable as
+    :func:`fused_attention`.
+    """
+    if not available():
+        raise RuntimeError(
+            f"backend='fused' cannot compute this attention: it could not be built here "
+            f"({unavailable_reason()})"
+        )
+    return _call(
+        q, k, v, family, tensors, highest, (q_start, causal, Q_BLOCK, KV_BLOCK, starts, mask)
+    )[0]
+
+
+def _call(q, k, v, family, tensors, highest, extra):
+    """The op's forward (with its backward where a gradient is needed): ``(out, lse, counts)``."""
     if needs_grad(q, k, v, *tensors):
         return _FusedAttention.apply(family, highest, extra, q, k, v, *tensors), None, None
     with torch.no_grad():

@@ -14,7 +14,7 @@ static cache). What a query sees is set by *slots*: with ``causal=True`` query s
 ``q_start + r`` sees key slots ``j <= q_start + r``, and the ``mask`` removes more.
 A query that sees no key at all gets a zero output (an empty sum), never NaN.
 
-Backends (``"auto"`` chooses as for the shape path, where the fused kernel cannot run):
+Backends (``"auto"`` chooses as for the shape path: :func:`relbias.choose_backend`):
 
 * ``"materialize"``: the bias of all rows at once, added to the scores of PyTorch's
   ``scaled_dot_product_attention`` (its grouped-key mode, no copy);
@@ -22,10 +22,15 @@ Backends (``"auto"`` chooses as for the shape path, where the fused kernel canno
   that no ``q_len x k_len`` bias exists at once (a decoding step is one block of one row);
 * ``"flex"``: FlexAttention, the bias in its ``score_mod`` read from an O(n) table of
   the offsets that occur (FIRE: of :math:`\psi` and the per-row denominators), the mask
-  as its block mask.
-
-The fused C++ kernel reads slots only: it takes none of these (``backend="fused"`` says
-so), and ``"auto"`` passes it by.
+  as its block mask;
+* ``"fused"``: the C++ CPU kernel (:mod:`relbias.attention.fused`), for positions that
+  advance by one along each row (query row ``r`` of sequence ``b`` at
+  ``q_positions[b, 0] + r``, key ``j`` at ``k_positions[b, 0] + j``: left padding, a
+  cache, a static cache): then PE depends on the row's shift
+  ``q_positions[b, 0] - k_positions[b, 0]`` and ``r - j``, which the kernel reads from one
+  table covering every row, with FIRE's denominators per row; the mask is read in the
+  kernel, the grouped keys are never repeated. Packed sequences, whose positions restart,
+  take the other backends.
 """
 
 from __future__ import annotations
@@ -43,10 +48,24 @@ from relbias.biases.fire import FIRE
 from relbias.biases.positions import check_positions
 from relbias.biases.prepared import PreparedBias, visible
 
-__all__ = ["BLOCK_ENTRIES", "check_mask", "is_block_mask", "positioned_attention"]
+__all__ = [
+    "BLOCK_ENTRIES",
+    "FUSED_MIN_ROWS",
+    "check_mask",
+    "fused_serves",
+    "is_block_mask",
+    "positioned_attention",
+    "row_shifts",
+]
 
 #: The table backend's blocks hold at most this many bias entries (rows x heads x keys).
 BLOCK_ENTRIES = 1 << 22
+#: Without gradients, ``"auto"`` takes the fused kernel on this path from this many query
+#: rows: below it (a decoding step) the kernel's set-up per call (its table of every row's
+#: offsets; FIRE's folded MLP) costs more than the table path's one block (measured by
+#: ``python scripts/hf_bench.py``: the cached decode of a small Llama is slower through
+#: the kernel).
+FUSED_MIN_ROWS = 16
 
 
 def is_block_mask(mask) -> bool:
@@ -80,6 +99,48 @@ def check_mask(mask, batch: int, heads: int, q_len: int, k_len: int) -> None:
             f"mask of shape {tuple(mask.shape)} does not broadcast to "
             f"[batch, heads, q_len, k_len] = {list(target)}"
         )
+
+
+def row_shifts(q_positions, k_positions, batch: int):
+    """Each row's shift ``q_positions[b, 0] - k_positions[b, 0]`` (int64 ``[batch]``) where
+    the positions advance by one along every row, else None (one read of the positions)."""
+    if q_positions is None and k_positions is None:
+        return None
+    if q_positions is None or k_positions is None:
+        raise ValueError("give both q_positions and k_positions, or neither")
+    qp, kp = check_positions(q_positions, k_positions)
+    if qp.shape[1] == 0 or kp.shape[1] == 0:
+        return None
+    steps = torch.cat([qp.diff(dim=1).flatten(), kp.diff(dim=1).flatten()])
+    if steps.numel() and not bool((steps == 1).all()):
+        return None
+    return (qp[:, 0] - kp[:, 0]).expand(batch).contiguous()
+
+
+def fused_serves(q, k, v, bias, q_positions=None, k_positions=None, mask=None) -> bool:
+    """Whether the fused kernel can compute this attention on this path (``"auto"`` asks)."""
+    from relbias.attention import fused
+
+    if torch.compiler.is_compiling() or is_block_mask(mask):
+        return False
+    if q.shape[2] < FUSED_MIN_ROWS and not needs_grad(q, k, v, bias):
+        return False
+    if any(t.device.type != "cpu" or t.dtype != q.dtype for t in (q, k, v)):
+        return False
+    if q.dtype not in fused.DTYPES:
+        return False
+    if isinstance(bias, PreparedBias):
+        if q_positions is not None or k_positions is not None:
+            return False
+        return bias.kernel_inputs(True) is not None
+    if not isinstance(bias, RelativeBias) or not (bias.offset_only or isinstance(bias, FIRE)):
+        return False
+    if q_positions is None and k_positions is None:
+        return True
+    try:
+        return row_shifts(q_positions, k_positions, q.shape[0]) is not None
+    except (TypeError, ValueError):
+        return False  # the positions' own error is raised where they are read
 
 
 def _default_positions(q_positions, k_positions, batch, q_len, k_len, q_start, device):
@@ -147,6 +208,15 @@ def positioned_attention(
     )
     if backend == "flex":
         return _flex(q, k, v, bias, q_positions, k_positions, mask, causal, q_start)
+    if backend == "fused":
+        shifts = None if not positioned else row_shifts(q_positions, k_positions, batch)
+        if positioned and shifts is None:
+            raise ValueError(
+                "backend='fused' takes positions that advance by one along each row (a shift "
+                "per row); these do not (packed sequences?): use backend='table', 'flex' or "
+                "'materialize' (or 'auto')"
+            )
+        return _fused(q, k, v, bias, q_positions, shifts, mask, causal, q_start)
     if backend == "table":
         rows_per_block = _block_rows(bias, heads, batch, k_len)
     else:
@@ -168,6 +238,70 @@ def positioned_attention(
     if return_weights:
         return out, (weights[0] if len(weights) == 1 else torch.cat(weights, dim=2))
     return out
+
+
+def _fused(q, k, v, bias, q_positions, shifts, mask, causal, q_start):
+    """The fused kernel: one table over every row's offsets, the shifts and mask read inside."""
+    from relbias.attention import fused
+    from relbias.biases.prepared import FIREBias, OffsetTableBias
+
+    if is_block_mask(mask):
+        raise ValueError("backend='fused' takes a boolean mask, not a BlockMask")
+    batch, _, q_len, _ = q.shape
+    k_len = k.shape[2]
+    if isinstance(bias, PreparedBias):
+        family, tensors, highest = bias.kernel_inputs(causal)
+    elif isinstance(bias, RelativeBias):
+        if shifts is None:
+            low = high = q_start
+        else:
+            low, high = (int(x) for x in torch.stack(torch.aminmax(shifts)).tolist())
+        # a table of every offset the rows meet: that of queries low .. high + q_len - 1
+        width = q_len + high - low
+        if isinstance(bias, FIRE):
+            part = bias._prepare(width, k_len, low)
+            dtype = part.psi_table.dtype
+            rows = (
+                q_positions
+                if q_positions is not None
+                else torch.arange(q_start, q_start + q_len, device=q.device)[None]
+            ).expand(batch, -1)
+            with torch.autocast("cpu", enabled=False):
+                threshold = torch.maximum(rows.to(dtype), bias.L.to(dtype))
+                denominator = (bias.psi(threshold) + bias.eps).contiguous()  # [batch, q_len]
+            prepared = FIREBias._unchecked(
+                part.psi_table,
+                denominator,
+                part.w1,
+                part.b1,
+                part.w2,
+                part.b2,
+                width,
+                k_len,
+                low,
+            )
+            family, tensors, highest = prepared.kernel_inputs(False)  # x bounded by its tables
+        else:
+            table = bias.offset_table(low - (k_len - 1), high + q_len - 1)
+            prepared = OffsetTableBias._unchecked(table, width, k_len, low, bias.bidirectional)
+            family, tensors, highest = prepared.kernel_inputs(causal)
+    else:
+        raise ValueError(f"backend='fused' needs a relbias bias, not {type(bias).__name__}")
+    if mask is not None:
+        while mask.dim() < 4:
+            mask = mask.unsqueeze(0)
+    return fused.placed_attention(
+        q,
+        k,
+        v,
+        family,
+        tensors,
+        highest,
+        q_start=q_start,
+        causal=causal,
+        starts=shifts,
+        mask=mask,
+    ).to(q.dtype)
 
 
 def _block_rows(bias, heads, batch, k_len) -> int:

@@ -23,10 +23,10 @@ GPU). The bias parameters are ordinary parameters of the model, so DDP averages 
 gradients and FSDP shards them with the layer that holds them.
 
 The attention is the core's :func:`relbias.biased_attention` at each row's positions,
-under HF's boolean mask, with HF's scale and the grouped keys as they come: the table
-path without gradients (blocks of rows, no ``[q_len, k_len]`` bias at once; a decoding
-step is one row), the materialised bias with gradients. Limits: the fused CPU kernel
-reads slots only, so it is not used here. With a cache, each row's positions must advance
+under HF's boolean mask, with HF's scale and the grouped keys as they come. On the CPU
+the core's ``auto`` takes the fused kernel for training and prompts (no ``[q_len, k_len]``
+bias), the table path for a decoding step; packed sequences (positions that restart)
+take the materialised bias with gradients. With a cache, each row's positions must advance
 by one per cache slot (what ``generate`` does, left padding included). The forget gate
 serves training and evaluation without a cache.
 """

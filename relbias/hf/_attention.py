@@ -32,8 +32,9 @@ the forget gate is prepared from the layer's input (:meth:`~relbias.ForgettingGa
 The core computes and adds the bias in float32 (under autocast too), and a query that
 sees no key (a left-padding position) gets a zero output where HF's eager attention
 averages every value: only the padding positions differ. Which backend runs is the core's
-``auto`` choice: the table path without gradients (one block of rows at a time; a decoding
-step is one row), the materialised bias with them.
+``auto`` choice (:func:`relbias.choose_backend`): on the CPU the fused kernel where the
+positions advance by one along each row (training, a prompt), the table path for a
+decoding step, the materialised bias for packed sequences with gradients.
 """
 
 from __future__ import annotations

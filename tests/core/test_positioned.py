@@ -14,7 +14,7 @@ from relbias import biased_attention, choose_backend
 from relbias.attention import positioned
 
 FAMILIES = list(FAMILY_KWARGS)
-BACKENDS = ("materialize", "table", "flex")
+BACKENDS = ("materialize", "table", "flex", "fused")
 
 
 def written_out(q, k, v, bias, qpos, kpos, *, mask=None, causal=True, q_start=None):
@@ -44,14 +44,22 @@ def written_out(q, k, v, bias, qpos, kpos, *, mask=None, causal=True, q_start=No
     return weights @ vv
 
 
-def random_case(seed, *, batch=2, heads=4, kv_heads=2, q_len=5, k_len=9, d=8, rows=None):
+def random_case(
+    seed, *, batch=2, heads=4, kv_heads=2, q_len=5, k_len=9, d=8, rows=None, shifted=False
+):
+    """Random q, k, v, positions and mask; ``shifted``: positions that advance by one along
+    each row from a random start (left padding, a cache: what the fused kernel takes)."""
     gen = torch.Generator().manual_seed(seed)
     q = torch.randn(batch, heads, q_len, d, generator=gen)
     k = torch.randn(batch, kv_heads, k_len, d, generator=gen)
     v = torch.randn(batch, kv_heads, k_len, 6, generator=gen)
     rows = batch if rows is None else rows
-    qpos = torch.randint(0, 30, (rows, q_len), generator=gen)
-    kpos = torch.randint(0, 30, (rows, k_len), generator=gen)
+    if shifted:
+        qpos = torch.randint(0, 30, (rows, 1), generator=gen) + torch.arange(q_len)
+        kpos = torch.randint(0, 30, (rows, 1), generator=gen) + torch.arange(k_len)
+    else:
+        qpos = torch.randint(0, 30, (rows, q_len), generator=gen)
+        kpos = torch.randint(0, 30, (rows, k_len), generator=gen)
     mask = torch.rand(batch, 1, q_len, k_len, generator=gen) > 0.3
     return q, k, v, qpos, kpos, mask
 
@@ -134,8 +142,11 @@ def test_bad_positions_are_named(q_positions, k_positions, error, match):
 @pytest.mark.parametrize("causal", [True, False])
 def test_positions_mask_and_grouped_keys_equal_the_written_out_attention(family, backend, causal):
     bias = random_module(family)
-    for seed in range(3):
-        q, k, v, qpos, kpos, mask = random_case(seed, rows=1 if seed == 2 else None)
+    # random positions (not for the fused kernel), then positions shifted per row
+    for seed in range(2 if backend == "fused" else 0, 5):
+        q, k, v, qpos, kpos, mask = random_case(
+            seed, rows=1 if seed in (1, 4) else None, shifted=seed >= 2
+        )
         mask[0, 0, 1] = False  # a query that sees no key: output 0
         expected = written_out(q, k, v, bias, qpos, kpos, mask=mask, causal=causal)
         got = placed(q, k, v, bias, qpos, kpos, mask=mask, causal=causal, backend=backend)
@@ -206,7 +217,7 @@ def test_prepared_and_dense_biases_take_a_mask_and_grouped_keys():
     expected = written_out(q, k, v, bias, *slots, mask=mask)
     prepared = bias.prepare(5, 9)
     for given in (prepared, bias(5, 9)):
-        for backend in ("materialize", "table") if given is prepared else ("materialize",):
+        for backend in ("materialize", "table", "fused") if given is prepared else ("materialize",):
             got = biased_attention(q, k, v, given, mask=mask, backend=backend)
             torch.testing.assert_close(got, expected, rtol=0, atol=2e-6)
 
@@ -221,7 +232,7 @@ def test_the_forget_gate_prepared_takes_a_mask_and_grouped_keys():
     seen = mask & torch.ones(9, 9, dtype=torch.bool).tril()
     scores = (q @ kk.transpose(-1, -2) / math.sqrt(8) + dense).masked_fill(~seen, float("-inf"))
     expected = torch.softmax(scores, -1).nan_to_num(0.0) @ vv
-    for backend in ("materialize", "table"):
+    for backend in ("materialize", "table", "fused"):
         got = biased_attention(q, k, v, prepared, mask=mask, backend=backend)
         torch.testing.assert_close(got, expected, rtol=0, atol=2e-6)
 
@@ -270,16 +281,83 @@ def test_under_autocast_the_bias_is_added_in_float32():
     torch.testing.assert_close(got, expected, rtol=0, atol=2e-6)
 
 
-def test_auto_passes_the_fused_kernel_by():
+def test_auto_takes_the_fused_kernel_where_it_serves():
+    """Shifted positions with a mask and grouped keys: the fused kernel, with and without
+    gradients; positions that restart (packed) or a BlockMask: the other backends."""
+    from relbias.attention import fused
+
+    if not fused.available():
+        pytest.skip(f"the fused kernel cannot be built here: {fused.unavailable_reason()}")
     bias = random_module("alibi")
-    q, k, v, qpos, kpos, mask = random_case(11, kv_heads=4)
+    rows = positioned.FUSED_MIN_ROWS
+    q, k, v, qpos, kpos, mask = random_case(11, shifted=True, q_len=rows, k_len=rows + 4)
     with torch.no_grad():
-        assert choose_backend(q, k, v, bias, positioned=True) == "table"
+        assert choose_backend(q, k, v, bias, q_positions=qpos, k_positions=kpos, mask=mask) == (
+            "fused"
+        )
         _, chosen = biased_attention(q, k, v, bias, mask=mask, return_backend=True)
-        assert chosen == "table"
+        assert chosen == "fused"
+        restarting = torch.cat([torch.arange(7), torch.arange(rows - 3)])[None]
+        assert choose_backend(q, k, v, bias, q_positions=qpos, k_positions=restarting) == "table"
+        decoding = biased_attention(
+            q[:, :, -1:],
+            k,
+            v,
+            bias,
+            q_positions=qpos[:, -1:],
+            k_positions=kpos,
+            return_backend=True,
+        )[1]
+        assert decoding == "table"  # one query row: the table path's one block
     q.requires_grad_()
-    _, chosen = biased_attention(q, k, v, bias, q_positions=qpos, return_backend=True)
+    _, chosen = biased_attention(
+        q, k, v, bias, q_positions=qpos, k_positions=kpos, return_backend=True
+    )
+    assert chosen == "fused"
+    _, chosen = biased_attention(
+        q, k, v, bias, q_positions=qpos, k_positions=restarting, return_backend=True
+    )
     assert chosen == "materialize"
+
+
+@pytest.mark.parametrize("family", ["t5", "kerple_power", "alibi", "fire"])
+def test_the_fused_kernels_gradients_at_shifted_positions(family):
+    """Grouped keys, a mask with a query that sees nothing, rows shifted apart: the kernel's
+    backward gives the written-out attention's gradients (keys summed over each group)."""
+    from relbias.attention import fused
+
+    if not fused.available():
+        pytest.skip(f"the fused kernel cannot be built here: {fused.unavailable_reason()}")
+    bias = random_module(family)
+    q, k, v, qpos, kpos, mask = random_case(16, shifted=True, q_len=7, k_len=12)
+    mask[1, 0, 2] = False
+    for causal in (True, False):
+        inputs = [t.clone().requires_grad_() for t in (q, k, v)]
+        params = list(bias.parameters())
+        out = biased_attention(
+            *inputs,
+            bias,
+            q_positions=qpos,
+            k_positions=kpos,
+            mask=mask,
+            causal=causal,
+            backend="fused",
+        )
+        grads = torch.autograd.grad(out.square().sum(), [*inputs, *params])
+        inputs2 = [t.clone().requires_grad_() for t in (q, k, v)]
+        expected = written_out(*inputs2, bias, qpos, kpos, mask=mask, causal=causal)
+        torch.testing.assert_close(out, expected, rtol=0, atol=2e-6)
+        grads2 = torch.autograd.grad(expected.square().sum(), [*inputs2, *params])
+        for got, want in zip(grads, grads2):
+            assert torch.isfinite(got).all()
+            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+
+
+def test_the_fused_kernel_refuses_positions_that_restart():
+    bias = random_module("alibi")
+    q, k, v, qpos, kpos, mask = random_case(17)
+    with pytest.raises(ValueError, match="advance by one"):
+        biased_attention(q, k, v, bias, q_positions=qpos, k_positions=kpos, backend="fused")
 
 
 def test_torch_compile_reads_no_positions_and_does_not_recompile_for_new_ones():
@@ -317,8 +395,6 @@ def test_torch_compile_reads_no_positions_and_does_not_recompile_for_new_ones():
 def test_bad_arguments_are_named():
     bias = random_module("alibi")
     q, k, v, qpos, kpos, mask = random_case(15)
-    with pytest.raises(ValueError, match="fused"):
-        biased_attention(q, k, v, bias, q_positions=qpos, k_positions=kpos, backend="fused")
     with pytest.raises(TypeError, match="boolean"):
         biased_attention(q, k, v, bias, mask=mask.float())
     with pytest.raises(ValueError, match="mask of shape"):

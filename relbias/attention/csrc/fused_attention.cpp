@@ -50,6 +50,7 @@
 #include <cmath>
 #include <limits>
 #include <numeric>
+#include <optional>
 #include <tuple>
 #include <vector>
 
@@ -192,17 +193,19 @@ struct OffsetBias {
 struct FireBias {
   const float* rpsi;  // [width]: psi(|hi - m|), reversed offset order as OffsetBias's rtable
   int64_t width, hi, lowest;
-  const float* inv_den;  // [q_len]: 1 / (psi(max(L, i)) + eps) per query row
+  const float* inv_den;  // [q_len] or [batch, q_len]: 1 / (psi(max(L, i)) + eps) per query row
+  int64_t inv_stride;    // 0, or q_len where each sequence has its own rows
   int64_t heads, units;
   const float *w1, *b1, *w2;       // [units], [units], [heads, units]
   const float *slope, *intercept;  // [heads]
   std::vector<float> psi;          // [width] in offset order
 
-  FireBias(const float* rpsi_, int64_t width_, int64_t hi_, const float* inv_den_, int64_t heads_,
-           int64_t units_, const float* w1_, const float* b1_, const float* w2_,
-           const float* slope_, const float* intercept_)
+  FireBias(const float* rpsi_, int64_t width_, int64_t hi_, const float* inv_den_,
+           int64_t inv_stride_, int64_t heads_, int64_t units_, const float* w1_,
+           const float* b1_, const float* w2_, const float* slope_, const float* intercept_)
       : rpsi(rpsi_), width(width_), hi(hi_), lowest(hi_ - width_ + 1), inv_den(inv_den_),
-        heads(heads_), units(units_), w1(w1_), b1(b1_), w2(w2_), slope(slope_),
+        inv_stride(inv_stride_), heads(heads_), units(units_), w1(w1_), b1(b1_), w2(w2_),
+        slope(slope_),
         intercept(intercept_), psi(width_) {
     for (int64_t t = 0; t < width; ++t) psi[t] = rpsi[width - 1 - t];
   }
@@ -230,11 +233,13 @@ struct FireBias {
     }
     return fold_lanes(vmax, [](float a, float b) { return std::max(a, b); }, kNegInf);
   }
+  // the denominators of pair bh's sequence
+  const float* inv_of(int64_t bh) const { return inv_den + bh / heads * inv_stride; }
   float add_row(int64_t bh, int64_t i, int64_t row, int64_t c0, int64_t n, float* s) const {
-    return add_mlp(bh % heads, rpsi + (hi - i + c0), nullptr, inv_den[row], n, s);
+    return add_mlp(bh % heads, rpsi + (hi - i + c0), nullptr, inv_of(bh)[row], n, s);
   }
   void add_col(int64_t bh, int64_t i0, int64_t row0, int64_t j, int64_t n, float* s) const {
-    add_mlp(bh % heads, psi.data() + (i0 - j - lowest), inv_den + row0, 0.f, n, s);
+    add_mlp(bh % heads, psi.data() + (i0 - j - lowest), inv_of(bh) + row0, 0.f, n, s);
   }
   // never skips a block
   float bound(int64_t, int64_t, int64_t, int64_t, int64_t) const { return kInf; }
@@ -253,7 +258,7 @@ struct FireBias {
                 Grad& g) const {
     const int64_t h = bh % heads, t0 = i0 - j - lowest;
     const float* p = psi.data() + t0;
-    const float* inv = inv_den + row0;
+    const float* inv = inv_of(bh) + row0;
     float* dpsi = g.psi.data() + t0;
     float* dinv = g.inv.data() + row0;
     const float* w2h = w2 + h * units;
@@ -359,12 +364,31 @@ struct Problem {
   float scale;
   const float *q, *k, *v;
   int64_t q_block, kv_block;
+  // Grouped keys: k and v are [batch * kv_heads, k_len, dim], query head h reads key head
+  // h / group (group = heads / kv_heads; 1: a key head per query head).
+  int64_t kv_heads = 0, group = 1;
+  // Per-row bias positions: query row r of sequence b sits at bias position starts[b] + r
+  // (keys at j), or q_start + r where starts is null. The causal rule reads slots: query
+  // slot q_start + r sees key slots j <= q_start + r, whatever the bias positions.
+  const int64_t* starts = nullptr;
+  // An external mask (true: the query may read the key), element (b, h, r, j) at
+  // b * mask_b + h * mask_h + r * mask_q + j * mask_k (a stride 0 broadcasts), or null.
+  const bool* mask = nullptr;
+  int64_t mask_b = 0, mask_h = 0, mask_q = 0, mask_k = 0;
 
   // how many keys query rows r0 .. r0 + rows - 1 see (causal: up to the last of them)
   int64_t keys_seen(int64_t r0, int64_t rows) const {
     return causal ? std::min(k_len, q_start + r0 + rows) : k_len;
   }
   int64_t kv_blocks() const { return (k_len + kv_block - 1) / kv_block; }
+  // the bias position of query row 0 of pair bh
+  int64_t bias_start(int64_t bh) const { return starts ? starts[bh / heads] : q_start; }
+  // the key and value pair that query pair bh reads
+  int64_t kv(int64_t bh) const { return bh / heads * kv_heads + bh % heads / group; }
+  // the mask of pair bh's query row r: element j at [j * mask_k], or null (every key seen)
+  const bool* mask_row(int64_t bh, int64_t r) const {
+    return mask ? mask + bh / heads * mask_b + bh % heads * mask_h + r * mask_q : nullptr;
+  }
 };
 
 // |q_r| / sqrt(d) per row and the largest |k_j| of each block of keys, per head: the bound
@@ -381,7 +405,7 @@ struct Norms {
         }
         for (int64_t c = 0; c < p.k_len; ++c) {
           float& m = k_block[bh * p.kv_blocks() + c / p.kv_block];
-          m = std::max(m, norm(p.k + (bh * p.k_len + c) * p.dim, p.dim));
+          m = std::max(m, norm(p.k + (p.kv(bh) * p.k_len + c) * p.dim, p.dim));
         }
       }
     });
@@ -398,7 +422,7 @@ struct Norms {
     const float* qn = q.data() + bh * p.q_len + r0;
     const float q_max = *std::max_element(qn, qn + rows);
     const int64_t c0 = b * p.kv_block, c1 = std::min(p.k_len, c0 + p.kv_block) - 1;
-    const int64_t i0 = p.q_start + r0;
+    const int64_t i0 = p.bias_start(bh) + r0;
     const float pe = bias.bound(bh, i0, i0 + rows - 1, c0, c1);
     return q_max * k_block[bh * p.kv_blocks() + b] + pe;
   }
@@ -459,18 +483,66 @@ void check_qkv(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
   TORCH_CHECK((dtype == at::kFloat || dtype == at::kBFloat16) && k.scalar_type() == dtype &&
                   v.scalar_type() == dtype,
               "q, k, v must all be float32 or all bfloat16");
-  TORCH_CHECK(k.size(0) == q.size(0) && k.size(1) == q.size(1) && k.size(3) == q.size(3) &&
-                  v.sizes().slice(0, 3) == k.sizes().slice(0, 3),
-              "q, k, v must agree in batch and heads, q and k in dim, k and v in length");
+  TORCH_CHECK(k.size(0) == q.size(0) && k.size(1) > 0 && q.size(1) % k.size(1) == 0 &&
+                  k.size(3) == q.size(3) && v.sizes().slice(0, 3) == k.sizes().slice(0, 3),
+              "q, k, v must agree in batch, q's heads be a multiple of k's, q and k agree in "
+              "dim, k and v in heads and length");
 }
 
+// Where the queries' bias positions and the mask come from (optional: none, the slots).
+struct Layout {
+  std::optional<at::Tensor> starts, mask;
+};
+
 Problem make_problem(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                     int64_t q_start, bool causal, int64_t q_block, int64_t kv_block) {
+                     int64_t q_start, bool causal, int64_t q_block, int64_t kv_block,
+                     const Layout& layout) {
   TORCH_CHECK(q_block > 0 && kv_block > 0, "q_block and kv_block must be positive");
   TORCH_CHECK(k.size(2) > 0 || q.size(2) == 0, "k_len must be positive");
-  return Problem{q.size(1), q.size(2), k.size(2), q.size(3), v.size(3), q_start, causal,
-                 1.f / std::sqrt(static_cast<float>(q.size(3))), q.data_ptr<float>(),
-                 k.data_ptr<float>(), v.data_ptr<float>(), q_block, kv_block};
+  Problem p{q.size(1), q.size(2), k.size(2), q.size(3), v.size(3), q_start, causal,
+            1.f / std::sqrt(static_cast<float>(q.size(3))), q.data_ptr<float>(),
+            k.data_ptr<float>(), v.data_ptr<float>(), q_block, kv_block};
+  p.kv_heads = k.size(1);
+  p.group = q.size(1) / k.size(1);
+  if (layout.starts) p.starts = layout.starts->data_ptr<int64_t>();
+  if (layout.mask) {
+    const at::Tensor& m = *layout.mask;
+    p.mask = m.data_ptr<bool>();
+    p.mask_b = m.size(0) == 1 ? 0 : m.stride(0);
+    p.mask_h = m.size(1) == 1 ? 0 : m.stride(1);
+    p.mask_q = m.size(2) == 1 ? 0 : m.stride(2);
+    p.mask_k = m.size(3) == 1 ? 0 : m.stride(3);
+  }
+  return p;
+}
+
+// The layout's tensors checked against q and k: starts int64 [batch], the mask bool and
+// broadcastable to [batch, heads, q_len, k_len].
+void check_layout(const at::Tensor& q, const at::Tensor& k, const Layout& layout) {
+  if (layout.starts) {
+    const at::Tensor& s = *layout.starts;
+    TORCH_CHECK(s.scalar_type() == at::kLong && s.dim() == 1 && s.size(0) == q.size(0) &&
+                    s.is_contiguous() && s.device().is_cpu(),
+                "starts must be a contiguous int64 CPU tensor [batch]");
+  }
+  if (layout.mask) {
+    const at::Tensor& m = *layout.mask;
+    TORCH_CHECK(m.scalar_type() == at::kBool && m.dim() == 4 && m.device().is_cpu(),
+                "mask must be a 4-D bool CPU tensor");
+    const int64_t want[4] = {q.size(0), q.size(1), q.size(2), k.size(2)};
+    for (int d = 0; d < 4; ++d) {
+      TORCH_CHECK(m.size(d) == 1 || m.size(d) == want[d],
+                  "mask must broadcast to [batch, heads, q_len, k_len]");
+    }
+  }
+}
+
+// The lowest and highest bias position of query row 0 over the rows (the slots: q_start).
+std::pair<int64_t, int64_t> start_range(const Layout& layout, int64_t q_start) {
+  if (!layout.starts || layout.starts->numel() == 0) return {q_start, q_start};
+  const int64_t* s = layout.starts->data_ptr<int64_t>();
+  const int64_t n = layout.starts->numel();
+  return {*std::min_element(s, s + n), *std::max_element(s, s + n)};
 }
 
 // ---- forward ----------------------------------------------------------------------------
@@ -487,6 +559,7 @@ struct ForwardWorkspace {
         row_max(p.q_block), row_sum(p.q_block), kt(p.dim * p.k_len) {}
 
   const float* keys_transposed(const Problem& p, int64_t bh, int64_t keys) {
+    bh = p.kv(bh);  // the key pair it reads (shared by a group of query heads)
     if (kt_head != bh || kt_keys < keys) {
       const float* k = p.k + bh * p.k_len * p.dim;
       for (int64_t c = 0; c < keys; ++c) {
@@ -509,7 +582,8 @@ void attend_block(const Problem& p, const Bias& bias, const Norms& norms, int64_
                   int64_t r0, int64_t rows, ForwardWorkspace& w, float* out, float* lse,
                   Counts& counts) {
   const int64_t kv_block = p.kv_block;
-  const int64_t i0 = p.q_start + r0;  // the absolute position of the block's first query
+  const int64_t i0 = p.bias_start(bh) + r0;  // the bias position of the block's first query
+  const int64_t slot0 = p.q_start + r0;       // ... and its slot (the causal rule's)
   const int64_t kv_end = p.keys_seen(r0, rows);
   const float* kt = w.keys_transposed(p, bh, kv_end);
   const float* q = p.q + (bh * p.q_len + r0) * p.dim;
@@ -536,10 +610,17 @@ void attend_block(const Problem& p, const Bias& bias, const Norms& norms, int64_
     for (int64_t r = 0; r < rows; ++r) {
       float* s = w.scores.data() + r * kv_block;
       const int64_t i = i0 + r;
-      const int64_t seen = p.causal ? std::clamp<int64_t>(i - c0 + 1, 0, cols) : cols;
+      const int64_t seen = p.causal ? std::clamp<int64_t>(slot0 + r - c0 + 1, 0, cols) : cols;
       std::fill(s + seen, s + cols, 0.f);  // future keys: weight 0
       if (seen == 0) continue;
-      const float block_max = bias.add_row(bh, i, r0 + r, c0, seen, s);
+      float block_max = bias.add_row(bh, i, r0 + r, c0, seen, s);
+      if (const bool* m = p.mask_row(bh, r0 + r)) {  // hidden keys: -inf
+        block_max = kNegInf;
+        for (int64_t c = 0; c < seen; ++c) {
+          if (!m[(c0 + c) * p.mask_k]) s[c] = kNegInf;
+          block_max = std::max(block_max, s[c]);
+        }
+      }
       const float old_max = w.row_max[r];
       const float new_max = std::max(old_max, block_max);
       if (new_max == kNegInf) {  // every score so far is -inf: nothing to weigh yet
@@ -556,13 +637,18 @@ void attend_block(const Problem& p, const Bias& bias, const Norms& norms, int64_
       }
     }
     at::native::cpublas::brgemm(rows, p.v_dim, cols, kv_block, p.v_dim, p.v_dim, true,
-                                w.scores.data(), p.v + (bh * p.k_len + c0) * p.v_dim,
+                                w.scores.data(), p.v + (p.kv(bh) * p.k_len + c0) * p.v_dim,
                                 w.acc.data());
   }
   counts.computed += computed;
   counts.skipped += skipped;
   float* o = out + (bh * p.q_len + r0) * p.v_dim;
   for (int64_t r = 0; r < rows; ++r) {
+    if (w.row_sum[r] == 0.f) {  // a query that sees no key (the mask hides them all): 0
+      std::fill(o + r * p.v_dim, o + (r + 1) * p.v_dim, 0.f);
+      lse[bh * p.q_len + r0 + r] = kNegInf;
+      continue;
+    }
     const float inv_sum = 1.f / w.row_sum[r];
     for (int64_t d = 0; d < p.v_dim; ++d) o[r * p.v_dim + d] = w.acc[r * p.v_dim + d] * inv_sum;
     lse[bh * p.q_len + r0 + r] = w.row_max[r] + std::log(w.row_sum[r]);
@@ -578,14 +664,15 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> forward(const at::Tensor& q_in,
                                                        const at::Tensor& k_in,
                                                        const at::Tensor& v_in, const Bias& bias,
                                                        int64_t q_start, bool causal,
-                                                       int64_t q_block, int64_t kv_block) {
+                                                       int64_t q_block, int64_t kv_block,
+                                                       const Layout& layout) {
   const auto q = as_float(q_in), k = as_float(k_in), v = as_float(v_in);
   const int64_t batch_heads = q.size(0) * q.size(1), q_len = q.size(2);
   auto out = at::empty({q.size(0), q.size(1), q_len, v.size(3)}, q.options());
   auto lse = at::empty({q.size(0), q.size(1), q_len}, q.options());
   auto counts_out = at::zeros({2}, q.options().dtype(at::kLong));
   if (q_len == 0) return {out, lse, counts_out};
-  const Problem p = make_problem(q, k, v, q_start, causal, q_block, kv_block);
+  const Problem p = make_problem(q, k, v, q_start, causal, q_block, kv_block, layout);
   const Norms norms(p, batch_heads);
   const std::vector<Unit> units = units_of_work(p, batch_heads);
   Counts counts;
@@ -639,8 +726,8 @@ void backward_head(const Problem& p, const Bias& bias, const Norms& norms, int64
   const int64_t d = p.dim, dvd = p.v_dim;
   const int64_t qb = p.q_block, kb = p.kv_block;
   const float* q = p.q + bh * p.q_len * d;
-  const float* k = p.k + bh * p.k_len * d;
-  const float* v = p.v + bh * p.k_len * dvd;
+  const float* k = p.k + p.kv(bh) * p.k_len * d;
+  const float* v = p.v + p.kv(bh) * p.k_len * dvd;
   out += bh * p.q_len * dvd;
   dout += bh * p.q_len * dvd;
   lse += bh * p.q_len;
@@ -670,7 +757,8 @@ void backward_head(const Problem& p, const Bias& bias, const Norms& norms, int64
     // causal: the first query row that sees key c0 (i = q_start + r >= c0)
     const int64_t first_row = p.causal ? std::max<int64_t>(c0 - p.q_start, 0) / qb * qb : 0;
     for (int64_t r0 = first_row; r0 < p.q_len; r0 += qb) {
-      const int64_t rows = std::min(qb, p.q_len - r0), i0 = p.q_start + r0;
+      const int64_t rows = std::min(qb, p.q_len - r0), i0 = p.bias_start(bh) + r0;
+      const int64_t slot0 = p.q_start + r0;
       const float lowest_lse = *std::min_element(lse + r0, lse + r0 + rows);
       if (norms.bound(p, bias, bh, r0, rows, b) < lowest_lse + kDropLog) {
         ++skipped;
@@ -688,12 +776,17 @@ void backward_head(const Problem& p, const Bias& bias, const Norms& norms, int64
         float* s = st + c * qb;   // becomes P^T's column: the weights of key j
         float* ds = dpt + c * qb;  // dP^T, becomes dS^T
         // causal: rows r >= j - i0 see key j
-        const int64_t lo = p.causal ? std::clamp<int64_t>(j - i0, 0, rows) : 0;
+        const int64_t lo = p.causal ? std::clamp<int64_t>(j - slot0, 0, rows) : 0;
         std::fill(s, s + lo, 0.f);
         std::fill(ds, ds + lo, 0.f);
         const int64_t n = rows - lo;
         if (n == 0) continue;
         bias.add_col(bh, i0 + lo, r0 + lo, j, n, s + lo);
+        if (p.mask) {  // hidden keys: -inf, so weight 0 (a row that sees nothing: lse -inf)
+          for (int64_t r = lo; r < rows; ++r) {
+            if (!p.mask_row(bh, r0 + r)[j * p.mask_k]) s[r] = kNegInf;
+          }
+        }
         weights_and_grad(s + lo, ds + lo, lse + r0 + lo, w.delta.data() + r0 + lo, n);
         bias.grad_col(bh, i0 + lo, r0 + lo, j, n, ds + lo, grad);
       }
@@ -721,7 +814,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, std::vector<typename Bias::Grad>>
     const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in,
     const at::Tensor& out_in, const at::Tensor& dout_in, const at::Tensor& lse_in,
     const Bias& bias, int64_t q_start, bool causal, int64_t q_block, int64_t kv_block,
-    MakeGrad make_grad) {
+    const Layout& layout, MakeGrad make_grad) {
   const auto q = as_float(q_in), k = as_float(k_in), v = as_float(v_in);
   const auto out = as_float(out_in), dout = as_float(dout_in), lse = as_float(lse_in);
   TORCH_CHECK(out.sizes() == dout.sizes() && out.size(0) == q.size(0) &&
@@ -731,14 +824,19 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, std::vector<typename Bias::Grad>>
   TORCH_CHECK(lse.dim() == 3 && lse.sizes() == q.sizes().slice(0, 3),
               "lse must be [batch, heads, q_len]");
   const int64_t batch_heads = q.size(0) * q.size(1);
-  auto dq = at::zeros_like(q), dk = at::zeros_like(k), dv = at::zeros_like(v);
+  // grouped keys: each query head's dK and dV first (no two threads write one), then summed
+  // over the group in the order of the heads
+  const int64_t group = q.size(1) / k.size(1);
+  auto dq = at::zeros_like(q);
+  auto dk = at::zeros({q.size(0), q.size(1), k.size(2), k.size(3)}, k.options());
+  auto dv = at::zeros({q.size(0), q.size(1), v.size(2), v.size(3)}, v.options());
   std::vector<typename Bias::Grad> grads;  // one per (batch, head) pair
   grads.reserve(batch_heads);
   for (int64_t bh = 0; bh < batch_heads; ++bh) grads.push_back(make_grad());
   const int64_t threads = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(),
                                                                   batch_heads));
   if (q.size(2) > 0) {
-    const Problem p = make_problem(q, k, v, q_start, causal, q_block, kv_block);
+    Problem p = make_problem(q, k, v, q_start, causal, q_block, kv_block, layout);
     const Norms norms(p, batch_heads);
     Counts counts;
     std::atomic<int64_t> next{0};
@@ -751,6 +849,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, std::vector<typename Bias::Grad>>
       }
       at::native::cpublas::brgemm_release(false);
     });
+  }
+  if (group > 1) {
+    dk = dk.view({q.size(0), k.size(1), group, k.size(2), k.size(3)}).sum(2);
+    dv = dv.view({q.size(0), k.size(1), group, v.size(2), v.size(3)}).sum(2);
   }
   const auto dtype = q_in.scalar_type();
   return {dq.to(dtype), dk.to(dtype), dv.to(dtype), std::move(grads)};
@@ -766,34 +868,41 @@ void check_float_contiguous(const at::Tensor& t, const char* name) {
 // A reversed table of `width` offsets, entry 0 the offset hi, covers every offset i - j of
 // queries q_start .. q_start + q_len - 1 and keys 0 .. k_len - 1.
 void check_covers(const at::Tensor& q, const at::Tensor& k, int64_t hi, int64_t q_start,
-                  int64_t width, const char* name) {
-  TORCH_CHECK(hi >= q_start + q.size(2) - 1 && hi + k.size(2) - 1 - q_start < width, name,
+                  int64_t width, const char* name, const Layout& layout) {
+  const auto [first, last] = start_range(layout, q_start);
+  TORCH_CHECK(hi >= last + q.size(2) - 1 && hi + k.size(2) - 1 - first < width, name,
               " does not cover the offsets of this attention");
 }
 
 OffsetBias offset_bias(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                       const at::Tensor& rtable, int64_t hi, int64_t q_start) {
+                       const at::Tensor& rtable, int64_t hi, int64_t q_start,
+                       const Layout& layout) {
   check_qkv(q, k, v);
+  check_layout(q, k, layout);
   check_float_contiguous(rtable, "rtable");
   TORCH_CHECK(rtable.dim() == 2 && rtable.size(0) == q.size(1), "rtable must be [heads, width]");
-  check_covers(q, k, hi, q_start, rtable.size(1), "rtable");
+  check_covers(q, k, hi, q_start, rtable.size(1), "rtable", layout);
   return OffsetBias(rtable.data_ptr<float>(), rtable.size(0), rtable.size(1), hi);
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> offset_forward(
     const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& rtable,
-    int64_t hi, int64_t q_start, bool causal, int64_t q_block, int64_t kv_block) {
-  const OffsetBias bias = offset_bias(q, k, v, rtable, hi, q_start);
-  return forward(q, k, v, bias, q_start, causal, q_block, kv_block);
+    int64_t hi, int64_t q_start, bool causal, int64_t q_block, int64_t kv_block,
+    const std::optional<at::Tensor>& starts, const std::optional<at::Tensor>& mask) {
+  const Layout layout{starts, mask};
+  const OffsetBias bias = offset_bias(q, k, v, rtable, hi, q_start, layout);
+  return forward(q, k, v, bias, q_start, causal, q_block, kv_block, layout);
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> offset_backward(
     const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out,
     const at::Tensor& dout, const at::Tensor& lse, const at::Tensor& rtable, int64_t hi,
-    int64_t q_start, bool causal, int64_t q_block, int64_t kv_block) {
-  const OffsetBias bias = offset_bias(q, k, v, rtable, hi, q_start);
+    int64_t q_start, bool causal, int64_t q_block, int64_t kv_block,
+    const std::optional<at::Tensor>& starts, const std::optional<at::Tensor>& mask) {
+  const Layout layout{starts, mask};
+  const OffsetBias bias = offset_bias(q, k, v, rtable, hi, q_start, layout);
   auto [dq, dk, dv, grads] = backward(q, k, v, out, dout, lse, bias, q_start, causal, q_block,
-                                      kv_block, [&] { return OffsetBias::Grad(bias); });
+                                      kv_block, layout, [&] { return OffsetBias::Grad(bias); });
   auto drtable = at::zeros_like(rtable);
   float* dr = drtable.data_ptr<float>();
   for (size_t bh = 0; bh < grads.size(); ++bh) {  // in the order of the pairs: fixed
@@ -807,30 +916,39 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> offset_backward(
 FireBias fire_bias(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                    const at::Tensor& rpsi, int64_t hi, const at::Tensor& inv_den,
                    const at::Tensor& w1, const at::Tensor& b1, const at::Tensor& w2,
-                   const at::Tensor& slope, const at::Tensor& intercept, int64_t q_start) {
+                   const at::Tensor& slope, const at::Tensor& intercept, int64_t q_start,
+                   const Layout& layout) {
   check_qkv(q, k, v);
+  check_layout(q, k, layout);
   for (auto [t, name] : {std::pair{&rpsi, "rpsi"}, {&inv_den, "inv_den"}, {&w1, "w1"},
                          {&b1, "b1"}, {&w2, "w2"}, {&slope, "slope"}, {&intercept, "intercept"}}) {
     check_float_contiguous(*t, name);
   }
   const int64_t heads = q.size(1), units = w1.numel();
   TORCH_CHECK(b1.numel() == units && w2.numel() == heads * units && slope.numel() == heads &&
-                  intercept.numel() == heads && inv_den.numel() == q.size(2),
+                  intercept.numel() == heads,
               "FIRE's weights do not match the heads and hidden units");
-  check_covers(q, k, hi, q_start, rpsi.numel(), "rpsi");
-  return FireBias(rpsi.data_ptr<float>(), rpsi.numel(), hi, inv_den.data_ptr<float>(), heads,
-                  units, w1.data_ptr<float>(), b1.data_ptr<float>(), w2.data_ptr<float>(),
-                  slope.data_ptr<float>(), intercept.data_ptr<float>());
+  const bool per_row = inv_den.dim() == 2;
+  TORCH_CHECK((inv_den.dim() == 1 && inv_den.numel() == q.size(2)) ||
+                  (per_row && inv_den.size(0) == q.size(0) && inv_den.size(1) == q.size(2)),
+              "inv_den must be [q_len] or [batch, q_len]");
+  check_covers(q, k, hi, q_start, rpsi.numel(), "rpsi", layout);
+  return FireBias(rpsi.data_ptr<float>(), rpsi.numel(), hi, inv_den.data_ptr<float>(),
+                  per_row ? q.size(2) : 0, heads, units, w1.data_ptr<float>(),
+                  b1.data_ptr<float>(), w2.data_ptr<float>(), slope.data_ptr<float>(),
+                  intercept.data_ptr<float>());
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> fire_forward(
     const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& rpsi,
     int64_t hi, const at::Tensor& inv_den, const at::Tensor& w1, const at::Tensor& b1,
     const at::Tensor& w2, const at::Tensor& slope, const at::Tensor& intercept, int64_t q_start,
-    bool causal, int64_t q_block, int64_t kv_block) {
+    bool causal, int64_t q_block, int64_t kv_block, const std::optional<at::Tensor>& starts,
+    const std::optional<at::Tensor>& mask) {
+  const Layout layout{starts, mask};
   const FireBias bias = fire_bias(q, k, v, rpsi, hi, inv_den, w1, b1, w2, slope, intercept,
-                                  q_start);
-  return forward(q, k, v, bias, q_start, causal, q_block, kv_block);
+                                  q_start, layout);
+  return forward(q, k, v, bias, q_start, causal, q_block, kv_block, layout);
 }
 
 std::vector<at::Tensor> fire_backward(const at::Tensor& q, const at::Tensor& k,
@@ -840,12 +958,16 @@ std::vector<at::Tensor> fire_backward(const at::Tensor& q, const at::Tensor& k,
                                       const at::Tensor& w1, const at::Tensor& b1,
                                       const at::Tensor& w2, const at::Tensor& slope,
                                       const at::Tensor& intercept, int64_t q_start, bool causal,
-                                      int64_t q_block, int64_t kv_block) {
+                                      int64_t q_block, int64_t kv_block,
+                                      const std::optional<at::Tensor>& starts,
+                                      const std::optional<at::Tensor>& mask) {
+  const Layout layout{starts, mask};
   const FireBias bias = fire_bias(q, k, v, rpsi, hi, inv_den, w1, b1, w2, slope, intercept,
-                                  q_start);
+                                  q_start, layout);
   const int64_t q_len = q.size(2);
-  auto [dq, dk, dv, grads] = backward(q, k, v, out, dout, lse, bias, q_start, causal, q_block,
-                                      kv_block, [&] { return FireBias::Grad(bias, q_len); });
+  auto [dq, dk, dv, grads] =
+      backward(q, k, v, out, dout, lse, bias, q_start, causal, q_block, kv_block, layout,
+               [&] { return FireBias::Grad(bias, q_len); });
   auto drpsi = at::zeros_like(rpsi), dinv = at::zeros_like(inv_den), dw1 = at::zeros_like(w1),
        db1 = at::zeros_like(b1), dw2 = at::zeros_like(w2), dslope = at::zeros_like(slope),
        dintercept = at::zeros_like(intercept);
@@ -855,7 +977,8 @@ std::vector<at::Tensor> fire_backward(const at::Tensor& q, const at::Tensor& k,
     const auto& g = grads[bh];
     const int64_t h = static_cast<int64_t>(bh) % bias.heads;
     for (int64_t t = 0; t < bias.width; ++t) pr[bias.width - 1 - t] += g.psi[t];
-    for (int64_t r = 0; r < q_len; ++r) pi[r] += g.inv[r];
+    float* pi_row = pi + static_cast<int64_t>(bh) / bias.heads * bias.inv_stride;
+    for (int64_t r = 0; r < q_len; ++r) pi_row[r] += g.inv[r];
     for (int64_t u = 0; u < bias.units; ++u) {
       pw1[u] += lane_sum(g.w1[u]);
       pb1[u] += lane_sum(g.b1[u]);
@@ -869,8 +992,10 @@ std::vector<at::Tensor> fire_backward(const at::Tensor& q, const at::Tensor& k,
 
 ForgettingBias forgetting_bias(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                const at::Tensor& lo, int64_t highest, const at::Tensor& hi,
-                               int64_t q_start, bool causal) {
+                               int64_t q_start, bool causal, const Layout& layout) {
   check_qkv(q, k, v);
+  check_layout(q, k, layout);
+  TORCH_CHECK(!layout.starts, "the forget gate's bias reads slots: starts must be None");
   check_float_contiguous(lo, "lo");
   check_float_contiguous(hi, "hi");
   TORCH_CHECK(causal, "the forget gate's bias is causal only: causal must be true");
@@ -887,20 +1012,27 @@ ForgettingBias forgetting_bias(const at::Tensor& q, const at::Tensor& k, const a
 std::tuple<at::Tensor, at::Tensor, at::Tensor> forgetting_forward(
     const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& lo,
     int64_t highest, const at::Tensor& hi, int64_t q_start, bool causal, int64_t q_block,
-    int64_t kv_block) {
-  const ForgettingBias bias = forgetting_bias(q, k, v, lo, highest, hi, q_start, causal);
-  return forward(q, k, v, bias, q_start, causal, q_block, kv_block);
+    int64_t kv_block, const std::optional<at::Tensor>& starts,
+    const std::optional<at::Tensor>& mask) {
+  const Layout layout{starts, mask};
+  const ForgettingBias bias =
+      forgetting_bias(q, k, v, lo, highest, hi, q_start, causal, layout);
+  return forward(q, k, v, bias, q_start, causal, q_block, kv_block, layout);
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> forgetting_backward(
     const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out,
     const at::Tensor& dout, const at::Tensor& lse, const at::Tensor& lo, int64_t highest,
-    const at::Tensor& hi, int64_t q_start, bool causal, int64_t q_block, int64_t kv_block) {
-  const ForgettingBias bias = forgetting_bias(q, k, v, lo, highest, hi, q_start, causal);
+    const at::Tensor& hi, int64_t q_start, bool causal, int64_t q_block, int64_t kv_block,
+    const std::optional<at::Tensor>& starts, const std::optional<at::Tensor>& mask) {
+  const Layout layout{starts, mask};
+  const ForgettingBias bias =
+      forgetting_bias(q, k, v, lo, highest, hi, q_start, causal, layout);
   auto dlo = at::zeros_like(lo);
   float* dlo_data = dlo.data_ptr<float>();
-  auto [dq, dk, dv, grads] = backward(q, k, v, out, dout, lse, bias, q_start, causal, q_block,
-                                      kv_block, [&] { return ForgettingBias::Grad{dlo_data}; });
+  auto [dq, dk, dv, grads] =
+      backward(q, k, v, out, dout, lse, bias, q_start, causal, q_block, kv_block, layout,
+               [&] { return ForgettingBias::Grad{dlo_data}; });
   return {dq, dk, dv, dlo};
 }
 
@@ -908,21 +1040,25 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> forgetting_backward(
 
 TORCH_LIBRARY(relbias_fused, m) {
   m.def("offset_forward(Tensor q, Tensor k, Tensor v, Tensor rtable, int hi, int q_start, "
-        "bool causal, int q_block, int kv_block) -> (Tensor, Tensor, Tensor)");
+        "bool causal, int q_block, int kv_block, Tensor? starts=None, Tensor? mask=None) "
+        "-> (Tensor, Tensor, Tensor)");
   m.def("offset_backward(Tensor q, Tensor k, Tensor v, Tensor out, Tensor dout, Tensor lse, "
-        "Tensor rtable, int hi, int q_start, bool causal, int q_block, int kv_block) "
-        "-> (Tensor, Tensor, Tensor, Tensor)");
+        "Tensor rtable, int hi, int q_start, bool causal, int q_block, int kv_block, "
+        "Tensor? starts=None, Tensor? mask=None) -> (Tensor, Tensor, Tensor, Tensor)");
   m.def("fire_forward(Tensor q, Tensor k, Tensor v, Tensor rpsi, int hi, Tensor inv_den, "
         "Tensor w1, Tensor b1, Tensor w2, Tensor slope, Tensor intercept, int q_start, "
-        "bool causal, int q_block, int kv_block) -> (Tensor, Tensor, Tensor)");
+        "bool causal, int q_block, int kv_block, Tensor? starts=None, Tensor? mask=None) "
+        "-> (Tensor, Tensor, Tensor)");
   m.def("fire_backward(Tensor q, Tensor k, Tensor v, Tensor out, Tensor dout, Tensor lse, "
         "Tensor rpsi, int hi, Tensor inv_den, Tensor w1, Tensor b1, Tensor w2, Tensor slope, "
-        "Tensor intercept, int q_start, bool causal, int q_block, int kv_block) -> Tensor[]");
+        "Tensor intercept, int q_start, bool causal, int q_block, int kv_block, "
+        "Tensor? starts=None, Tensor? mask=None) -> Tensor[]");
   m.def("forgetting_forward(Tensor q, Tensor k, Tensor v, Tensor lo, int highest, Tensor hi, "
-        "int q_start, bool causal, int q_block, int kv_block) -> (Tensor, Tensor, Tensor)");
+        "int q_start, bool causal, int q_block, int kv_block, Tensor? starts=None, "
+        "Tensor? mask=None) -> (Tensor, Tensor, Tensor)");
   m.def("forgetting_backward(Tensor q, Tensor k, Tensor v, Tensor out, Tensor dout, Tensor lse, "
-        "Tensor lo, int highest, Tensor hi, int q_start, bool causal, int q_block, int kv_block) "
-        "-> (Tensor, Tensor, Tensor, Tensor)");
+        "Tensor lo, int highest, Tensor hi, int q_start, bool causal, int q_block, int kv_block, "
+        "Tensor? starts=None, Tensor? mask=None) -> (Tensor, Tensor, Tensor, Tensor)");
 }
 
 TORCH_LIBRARY_IMPL(relbias_fused, CPU, m) {
