@@ -13,7 +13,7 @@ from IPython.display import Markdown
 from IPython.display import display as _display
 
 from relbias.book.plots import figure
-from relbias.hf.train import SMALL_LLAMA
+from relbias.hf.train import SMALL_LLAMA, ByteWindows, byte_trainer
 
 __all__ = [
     "LLAMA",
@@ -37,44 +37,23 @@ def small_llama(seed: int = 0):
     return LlamaForCausalLM(LlamaConfig(**LLAMA))
 
 
-class _Windows(torch.utils.data.Dataset):
-    """``count`` random windows of ``seq_len`` bytes, drawn once (seeded)."""
-
-    def __init__(self, data: torch.Tensor, count: int, seq_len: int, seed: int):
-        from relbias.lab.data import random_windows
-
-        self.x, _ = random_windows(data, count, seq_len, torch.Generator().manual_seed(seed))
-
-    def __len__(self):
-        return self.x.shape[0]
-
-    def __getitem__(self, i):
-        return {"input_ids": self.x[i], "labels": self.x[i]}
-
-
 def train_with_trainer(model, text, *, steps=300, batch_size=16, seq_len=64, lr=3e-3, seed=0):
     """Train ``model`` with ``transformers.Trainer`` on random windows of the bytes ``text``
-    (a 1-D tensor), in one process on the CPU, silently. Returns the training losses, one
-    per 50 steps (nats per byte)."""
-    from transformers import PrinterCallback, Trainer, TrainingArguments
-
-    data = _Windows(text, steps * batch_size, seq_len, seed)
+    (a 1-D tensor), in one process on the CPU, silently (:func:`relbias.hf.train.byte_trainer`).
+    Returns the training losses, one per 50 steps (nats per byte)."""
+    data = ByteWindows(text, steps * batch_size, seq_len, seed)
     with tempfile.TemporaryDirectory() as folder:
-        args = TrainingArguments(
-            output_dir=folder,
-            max_steps=steps,
-            per_device_train_batch_size=batch_size,
-            learning_rate=lr,
-            logging_steps=50,
-            save_strategy="no",
-            report_to=[],  # no trackers
-            disable_tqdm=True,  # no progress bar
-            use_cpu=True,
+        trainer = byte_trainer(
+            model,
+            data,
+            folder,
+            steps=steps,
+            batch_size=batch_size,
+            lr=lr,
             seed=seed,
-            train_sampling_strategy="sequential",  # the windows in the order drawn
+            logging_steps=50,
+            quiet=True,
         )
-        trainer = Trainer(model=model, args=args, train_dataset=data)
-        trainer.remove_callback(PrinterCallback)  # the losses stay in the log history
         trainer.train()
     model.eval()
     return [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]

@@ -25,7 +25,7 @@ import torch
 
 from relbias._checks import check_int
 
-__all__ = ["build_model", "main", "train_on_bytes"]
+__all__ = ["ByteWindows", "build_model", "byte_trainer", "main", "train_on_bytes"]
 
 
 #: The small byte-level Llama of :func:`build_model` (and of the book's chapter 10): vocabulary
@@ -60,7 +60,10 @@ def build_model(family: str | None, *, seed: int = 0, **bias_kwargs):
     return model
 
 
-class _Windows(torch.utils.data.Dataset):
+class ByteWindows(torch.utils.data.Dataset):
+    """``count`` random windows of ``seq_len`` bytes of ``data`` (a 1-D tensor), drawn once
+    (seeded), as the Trainer's examples (``input_ids`` and ``labels``)."""
+
     def __init__(self, data: torch.Tensor, count: int, seq_len: int, seed: int):
         from relbias.lab.data import random_windows
 
@@ -84,6 +87,53 @@ def _held_out_loss(model, data: torch.Tensor) -> float:
     return loss
 
 
+def byte_trainer(
+    model,
+    dataset,
+    output_dir,
+    *,
+    steps,
+    batch_size,
+    lr,
+    seed,
+    logging_steps,
+    use_cpu=True,
+    torch_compile=False,
+    ddp=False,
+    quiet=False,
+):
+    """The one ``transformers.Trainer`` set-up of this room (the train script and chapter 10):
+    ``steps`` optimiser steps of ``batch_size`` windows per process, taken in order, no
+    warm-up, no checkpoints, no trackers, no progress bar; a loss logged every
+    ``logging_steps``. ``quiet`` drops HF's printed log lines (the losses stay in
+    ``trainer.state.log_history``); ``ddp``: several processes, gloo on the CPU."""
+    from transformers import PrinterCallback, Trainer, TrainingArguments
+
+    args = TrainingArguments(
+        output_dir=str(output_dir),
+        max_steps=steps,
+        per_device_train_batch_size=batch_size,
+        learning_rate=lr,
+        warmup_steps=0,
+        logging_steps=logging_steps,
+        save_strategy="no",
+        report_to=[],  # no trackers
+        use_cpu=use_cpu,
+        seed=seed,
+        data_seed=seed,
+        dataloader_num_workers=0,
+        disable_tqdm=True,  # no progress bar
+        train_sampling_strategy="sequential",  # the windows in the order drawn
+        torch_compile=torch_compile,
+        ddp_backend="gloo" if use_cpu and ddp else None,
+        ddp_find_unused_parameters=False,
+    )
+    trainer = Trainer(model=model, args=args, train_dataset=dataset)
+    if quiet:
+        trainer.remove_callback(PrinterCallback)  # the losses stay in the log history
+    return trainer
+
+
 def train_on_bytes(
     model,
     output_dir,
@@ -104,8 +154,6 @@ def train_on_bytes(
     (``WORLD_SIZE``, set by torchrun). Returns the logged losses (one per
     ``logging_steps``) and the held-out loss (16 validation windows) before and after.
     """
-    from transformers import Trainer, TrainingArguments
-
     from relbias.lab.data import load_corpus, random_windows
 
     steps = check_int("steps", steps, minimum=1)
@@ -116,29 +164,22 @@ def train_on_bytes(
             f"global_batch ({global_batch}) must be divisible by the number of processes ({world})"
         )
     corpus = load_corpus(max_bytes=corpus_bytes)
-    train = _Windows(corpus.train, steps * global_batch, seq_len, seed)
+    train = ByteWindows(corpus.train, steps * global_batch, seq_len, seed)
     held_out, _ = random_windows(corpus.val, 16, seq_len, torch.Generator().manual_seed(seed + 1))
     before = _held_out_loss(model, held_out)
-    args = TrainingArguments(
-        output_dir=str(output_dir),
-        max_steps=steps,
-        per_device_train_batch_size=global_batch // world,
-        learning_rate=lr,
-        warmup_steps=0,
-        logging_steps=logging_steps,
-        save_strategy="no",
-        report_to=[],
-        use_cpu=use_cpu,
+    trainer = byte_trainer(
+        model,
+        train,
+        output_dir,
+        steps=steps,
+        batch_size=global_batch // world,
+        lr=lr,
         seed=seed,
-        data_seed=seed,
-        dataloader_num_workers=0,
-        disable_tqdm=True,
-        train_sampling_strategy="sequential",
+        logging_steps=logging_steps,
+        use_cpu=use_cpu,
         torch_compile=torch_compile,
-        ddp_backend="gloo" if use_cpu and world > 1 else None,
-        ddp_find_unused_parameters=False,
+        ddp=world > 1,
     )
-    trainer = Trainer(model=model, args=args, train_dataset=train)
     trainer.train()
     losses = [e["loss"] for e in trainer.state.log_history if "loss" in e]
     return {
