@@ -14,6 +14,12 @@ from relbias.biases.base import RelativeBias
 __all__ = ["KerpleLog", "KerplePower", "project_after_steps"]
 
 
+def _projected(p: torch.Tensor, low: float, high: float | None) -> torch.Tensor:
+    """``p`` clamped to ``[low, high]``, its gradient passed straight through (as to a
+    parameter projected in place)."""
+    return p + (p.clamp(min=low, max=high) - p).detach()
+
+
 class _Kerple(RelativeBias):
     """Shared machinery: learnable ``r1``, ``r2`` per head, projected onto their constraints.
 
@@ -80,10 +86,25 @@ class _Kerple(RelativeBias):
         if ((self.r2 < self.eps) | (self.r2 > r2_max)).any():
             self.r2.clamp_(min=self.eps, max=self.r2_max)
 
-    def _distance(self, offsets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def _constrained(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """``r1`` and ``r2`` on their constraints.
+
+        Eagerly the stored parameters are projected (:meth:`project_`). Under
+        ``torch.compile`` the test of :meth:`project_` would break the graph, so the values
+        are projected instead, with the gradient passed straight through: the same values
+        and the same gradients as the projected parameters; the stored ones are projected
+        by :func:`project_after_steps` or the next eager call.
+        """
+        if torch.compiler.is_compiling():
+            r2_max = self.r2_max
+            return _projected(self.r1, self.eps, None), _projected(self.r2, self.eps, r2_max)
         self.project_()
-        dtype = compute_dtype(self.r1)
-        r1, r2 = self.r1.to(dtype)[:, None], self.r2.to(dtype)[:, None]
+        return self.r1, self.r2
+
+    def _distance(self, offsets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        r1, r2 = self._constrained()
+        dtype = compute_dtype(r1)
+        r1, r2 = r1.to(dtype)[:, None], r2.to(dtype)[:, None]
         return r1, r2, offsets.abs().to(dtype)[None, :]
 
     def extra_repr(self) -> str:

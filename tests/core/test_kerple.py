@@ -221,3 +221,27 @@ def test_a_given_start_draws_no_random_numbers(cls):
 def test_bad_starts_name_the_parameter(kwargs, error, message):
     with pytest.raises(error, match=message):
         KerplePower(4, **kwargs)
+
+
+@pytest.mark.parametrize("cls", [KerplePower, KerpleLog])
+def test_under_torch_compile_one_graph_with_the_projected_values_and_gradients(cls):
+    """``fullgraph=True``: no graph break for the projection. Parameters off their constraints
+    give the values and gradients of the projected parameters (what eager computes after
+    projecting them in place); the stored parameters are left for the next eager call."""
+    torch.manual_seed(0)
+    bias = cls(4)
+    with torch.no_grad():
+        bias.r1[0] = -0.5
+        bias.r2[1] = 5.0 if cls is KerplePower else -1.0
+    eager = copy.deepcopy(bias)
+    expected = eager(6, 9)
+    expected.square().sum().backward()
+    compiled = torch.compile(lambda: bias(6, 9), fullgraph=True, backend="aot_eager")
+    got = compiled()
+    torch.testing.assert_close(got, expected, rtol=0, atol=1e-6)
+    got.square().sum().backward()
+    torch.testing.assert_close(bias.r1.grad, eager.r1.grad, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(bias.r2.grad, eager.r2.grad, rtol=1e-6, atol=1e-6)
+    assert float(bias.r1[0]) == -0.5  # not projected in place under compile
+    bias(6, 9)
+    assert float(bias.r1[0]) == pytest.approx(bias.eps)  # ... and projected by the next eager call

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hf_helpers import HEADS, biased, random_rows
+from hf_helpers import HEADS, biased, left_padded, random_rows
 
 
-@pytest.mark.parametrize("family", ["fire", "t5"])
+@pytest.mark.parametrize("family", ["fire", "t5", "kerple_log", "kerple_power"])
 def test_torch_compile_in_one_graph_gives_the_same_logits_and_gradients(family):
     """``fullgraph=True``: no host read and no graph break in the model (the eager table path
     reads the offsets' range; under compile the elementwise path runs). ``aot_eager`` keeps
@@ -62,3 +62,45 @@ def test_under_autocast_the_bias_is_added_in_float32():
     with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
         logits = model(input_ids=torch.tensor(random_rows([8], seed=8))).logits
     assert torch.isfinite(logits).all()
+
+
+@pytest.mark.parametrize("family", ["t5", "fire"])
+def test_compiled_static_cache_decoding_does_not_recompile_per_step(family):
+    """The forward compiled in one graph (``fullgraph``) and decoding with a static cache: the
+    prompt and the decoding step compile once each, the positions and cache offsets of each
+    new step are tensors of the same graph (a second generation with ``fail_on_recompile``
+    runs without one), and the tokens equal eager decoding."""
+    model = biased(family)
+    ids, mask = left_padded(random_rows([5, 3], seed=11))
+
+    def generate():
+        with torch.no_grad():
+            return model.generate(
+                ids,
+                attention_mask=mask,
+                max_new_tokens=5,
+                do_sample=False,
+                cache_implementation="static",
+            )
+
+    expected = generate()
+    eager_forward = model.forward
+    graphs = []
+
+    def counting_backend(gm, example_inputs):
+        graphs.append(gm)
+        from torch._dynamo.backends.debugging import aot_eager
+
+        return aot_eager(gm, example_inputs)
+
+    model.forward = torch.compile(eager_forward, backend=counting_backend, fullgraph=True)
+    try:
+        assert torch.equal(generate(), expected)
+        assert len(graphs) == 2  # the prompt's and the decoding step's
+        torch.compiler.set_stance("fail_on_recompile")
+        try:
+            assert torch.equal(generate(), expected)
+        finally:
+            torch.compiler.set_stance("default")
+    finally:
+        model.forward = eager_forward
