@@ -21,8 +21,9 @@ Backends (``"auto"`` chooses as for the shape path: :func:`relbias.choose_backen
 * ``"table"``: the same in blocks of query rows, each against the keys it can see, so
   that no ``q_len x k_len`` bias exists at once (a decoding step is one block of one row);
 * ``"flex"``: FlexAttention, the bias in its ``score_mod`` read from an O(n) table of
-  the offsets that occur (FIRE: of :math:`\psi` and the per-row denominators), the mask
-  as its block mask;
+  the offsets that occur (FIRE: of :math:`\psi` and the per-row denominators; the range
+  of the positions is read once per call, which waits for a GPU), the mask as its block
+  mask;
 * ``"fused"``: the C++ CPU kernel (:mod:`relbias.attention.fused`), for positions that
   advance by one along each row (query row ``r`` of sequence ``b`` at
   ``q_positions[b, 0] + r``, key ``j`` at ``k_positions[b, 0] + j``: left padding, a

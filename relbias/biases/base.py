@@ -112,17 +112,20 @@ class RelativeBias(nn.Module):
         An offset-only family reads the offsets from its :meth:`offset_table` over the range
         that occurs (one read of that range), or with ``elementwise=True`` evaluates every
         offset (no read of the positions' values: the path under ``torch.compile``, where
-        the read would break the graph). Both give the same values; the default takes the
-        elementwise path when compiling, and where there are no more offsets than twice
-        ``q_len + k_len`` (a decoding step: fewer than the table would hold).
+        the read would break the graph, and off the CPU, where it would wait for the
+        device). Both give the same values; the default reads the range on the CPU only,
+        outside ``torch.compile``, where there are more offsets than twice ``q_len + k_len``
+        (not a decoding step, which has fewer than the table would hold).
         """
         q_positions, k_positions = check_positions(q_positions, k_positions)
         rows = max(q_positions.shape[0], k_positions.shape[0])
         shape = (rows, q_positions.shape[1], k_positions.shape[1])
         if elementwise is None:
-            # Few offsets per row (a decoding step): fewer than the table would hold.
+            # Few offsets per row (a decoding step): fewer than the table would hold; off
+            # the CPU the read of their range would wait for the device.
             few = rows * shape[1] * shape[2] <= 2 * (shape[1] + shape[2])
-            elementwise = few or torch.compiler.is_compiling()
+            on_device = q_positions.device.type != "cpu"
+            elementwise = few or on_device or torch.compiler.is_compiling()
         if 0 in shape:
             return torch.zeros(
                 rows,
