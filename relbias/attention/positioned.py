@@ -181,9 +181,9 @@ def positioned_attention(
     """The attention of :func:`relbias.biased_attention` on this path (see the module).
 
     ``q`` is ``[batch, heads, q_len, d]``, ``k`` and ``v`` ``[batch, kv_heads, k_len, ...]``
-    (checked by the caller), ``backend`` one of ``"materialize"``, ``"table"``, ``"flex"``
-    (chosen by the caller), ``bias`` None, a dense tensor (``"materialize"`` only), a
-    :class:`~relbias.RelativeBias` or a prepared bias (its own slots: no positions).
+    (checked by the caller), ``backend`` one of ``"materialize"``, ``"table"``, ``"flex"``,
+    ``"fused"`` (chosen by the caller), ``bias`` None, a dense tensor (``"materialize"``
+    only), a :class:`~relbias.RelativeBias` or a prepared bias (its own slots: no positions).
     """
     batch, heads, q_len, _ = q.shape
     k_len = k.shape[2]
@@ -246,8 +246,6 @@ def _fused(q, k, v, bias, q_positions, shifts, mask, causal, q_start):
     from relbias.attention import fused
     from relbias.biases.prepared import FIREBias, OffsetTableBias
 
-    if is_block_mask(mask):
-        raise ValueError("backend='fused' takes a boolean mask, not a BlockMask")
     batch, _, q_len, _ = q.shape
     k_len = k.shape[2]
     if isinstance(bias, PreparedBias):
