@@ -71,6 +71,18 @@ def check_lengths(q_len, k_len, q_start) -> tuple[int, int, int]:
     return q_len, k_len, q_start
 
 
+def check_broadcasts(name: str, tensor, target: tuple) -> None:
+    """``tensor`` (a bias or a mask) broadcasts to ``[batch, heads, q_len, k_len] = target``
+    (each dimension 1 or the target's, at most 4), else ``ValueError`` naming it."""
+    if tensor.dim() > 4 or any(
+        size not in (1, t) for size, t in zip(reversed(tensor.shape), reversed(target))
+    ):
+        raise ValueError(
+            f"{name} of shape {tuple(tensor.shape)} does not broadcast to "
+            f"[batch, heads, q_len, k_len] = {list(target)}"
+        )
+
+
 def compute_dtype(*tensors: torch.Tensor) -> torch.dtype:
     """float64 when any parameter is float64 (for gradcheck), else float32.
 

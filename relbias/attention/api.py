@@ -19,6 +19,7 @@ from torch.nn import functional as F
 from relbias._checks import (
     autocast_enabled,
     check_bool,
+    check_broadcasts,
     check_lengths,
     check_positive_float,
     needs_grad,
@@ -110,16 +111,6 @@ def _check_bias_type(bias) -> None:
         raise TypeError(
             "bias must be None, a torch.Tensor, a relbias.RelativeBias or a "
             f"relbias.PreparedBias, got {type(bias).__name__}"
-        )
-
-
-def _check_dense(bias: torch.Tensor, target: tuple) -> None:
-    if bias.dim() > 4 or any(
-        b not in (1, t) for b, t in zip(reversed(bias.shape), reversed(target))
-    ):
-        raise ValueError(
-            f"bias of shape {tuple(bias.shape)} does not broadcast to "
-            f"[batch, heads, q_len, k_len] = {list(target)}"
         )
 
 
@@ -346,7 +337,7 @@ def _attend(q, k, v, bias, causal, return_weights, q_start, backend, return_back
         masked = where is not None and where[2] is not None and not bias.batch
         bias.check_shape(heads, q_len, k_len, q_start, causal or masked, batch=batch)
     elif isinstance(bias, torch.Tensor):
-        _check_dense(bias, (batch, heads, q_len, k_len))
+        check_broadcasts("bias", bias, (batch, heads, q_len, k_len))
     if q_len == 0 or k_len == 0:
         out = q.new_zeros(batch, heads, q_len, v.shape[-1])
         if return_weights:

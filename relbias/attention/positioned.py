@@ -41,7 +41,7 @@ import math
 import torch
 from torch.nn import functional as F
 
-from relbias._checks import needs_grad
+from relbias._checks import check_broadcasts, needs_grad, no_autocast
 from relbias._compile import _STATS, timed
 from relbias.attention.flex import FLEX_DTYPES, _compiled_flex, causal_block_mask
 from relbias.biases.base import RelativeBias
@@ -92,14 +92,7 @@ def check_mask(mask, batch: int, heads: int, q_len: int, k_len: int) -> None:
         raise TypeError(
             f"mask must be a boolean tensor (True: the query may read the key), got {mask.dtype}"
         )
-    target = (batch, heads, q_len, k_len)
-    if mask.dim() > 4 or any(
-        m not in (1, t) for m, t in zip(reversed(mask.shape), reversed(target))
-    ):
-        raise ValueError(
-            f"mask of shape {tuple(mask.shape)} does not broadcast to "
-            f"[batch, heads, q_len, k_len] = {list(target)}"
-        )
+    check_broadcasts("mask", mask, (batch, heads, q_len, k_len))
 
 
 def row_shifts(q_positions, k_positions, batch: int):
@@ -259,15 +252,13 @@ def _fused(q, k, v, bias, q_positions, shifts, mask, causal, q_start):
         width = q_len + high - low
         if isinstance(bias, FIRE):
             part = bias._prepare(width, k_len, low)
-            dtype = part.psi_table.dtype
             rows = (
                 q_positions
                 if q_positions is not None
                 else torch.arange(q_start, q_start + q_len, device=q.device)[None]
             ).expand(batch, -1)
-            with torch.autocast("cpu", enabled=False):
-                threshold = torch.maximum(rows.to(dtype), bias.L.to(dtype))
-                denominator = (bias.psi(threshold) + bias.eps).contiguous()  # [batch, q_len]
+            with no_autocast(q.device):
+                denominator = bias.denominator(rows).contiguous()  # [batch, q_len]
             prepared = FIREBias._unchecked(
                 part.psi_table,
                 denominator,
@@ -451,11 +442,10 @@ def _score_mod(bias, q_positions, k_positions, batch):
 
 def _fire_score_mod(bias: FIRE, qp, kp, low, high):
     furthest = max(abs(low), abs(high))
-    with torch.autocast(qp.device.type, enabled=False):
+    with no_autocast(qp.device):
         dtype = torch.float32
         psi = bias.psi(torch.arange(furthest + 1, device=qp.device, dtype=dtype)).to(dtype)
-        threshold = torch.maximum(qp.to(dtype), bias.L.to(dtype))
-        denominator = (bias.psi(threshold) + bias.eps).to(dtype)  # [batch, q_len]
+        denominator = bias.denominator(qp).to(dtype)  # [batch, q_len]
     w1 = bias.hidden_layer.weight.to(dtype).reshape(-1)
     b1 = bias.hidden_layer.bias.to(dtype)
     w2 = bias.output_layer.weight.to(dtype)

@@ -67,6 +67,12 @@ class FIRE(RelativeBias):
         c = self.c.to(compute_dtype(self.c)).abs()
         return torch.log1p(c * x)
 
+    def denominator(self, positions: torch.Tensor) -> torch.Tensor:
+        r""":math:`\psi(\max(L, i)) + \epsilon` for query positions ``positions`` (a tensor of
+        any shape), in the compute dtype: the MLP input's denominator."""
+        dtype = compute_dtype(self.c)
+        return self.psi(torch.maximum(positions.to(dtype), self.L.to(dtype))) + self.eps
+
     def normalized_input(self, q_len, k_len=None, *, q_start=None) -> torch.Tensor:
         r"""The MLP's input :math:`\psi(|i-j|) / \psi(\max(L, i))` as ``[q_len, k_len]``."""
         q_len, k_len, q_start = check_lengths(q_len, k_len, q_start)
@@ -99,7 +105,7 @@ class FIRE(RelativeBias):
         offsets = torch.arange(q_start - (k_len - 1), q_start + q_len, device=device)
         psi_table = self.psi(offsets.abs().to(dtype))
         i = torch.arange(q_start, q_start + q_len, device=device, dtype=dtype)
-        denominator = self.psi(torch.maximum(i, self.L.to(dtype))) + self.eps
+        denominator = self.denominator(i)
         w1 = self.hidden_layer.weight.to(dtype).reshape(-1)
         b1 = self.hidden_layer.bias.to(dtype)
         w2 = self.output_layer.weight.to(dtype)
@@ -110,8 +116,7 @@ class FIRE(RelativeBias):
         r"""FIRE at per-row positions: the query position ``i`` of each row sets its
         denominator :math:`\psi(\max(L, i))`."""
         dtype = compute_dtype(self.c)
-        threshold = torch.maximum(q_positions.to(dtype), self.L.to(dtype))
-        x = self.psi(offsets.abs().to(dtype)) / (self.psi(threshold)[:, :, None] + self.eps)
+        x = self.psi(offsets.abs().to(dtype)) / self.denominator(q_positions)[:, :, None]
         return self.mlp(x).permute(0, 3, 1, 2)
 
     def _position_values(self, q_len, k_len, q_start):

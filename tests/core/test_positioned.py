@@ -79,6 +79,24 @@ def placed(q, k, v, bias, qpos, kpos, **kwargs):
         return biased_attention(q, k, v, bias, q_positions=qpos, k_positions=kpos, **kwargs)
 
 
+def assert_gradients_match(bias, q, k, v, qpos, kpos, mask, *, rtol, causal=True, **kwargs):
+    """biased_attention's output and gradients (q, k, v and the bias's parameters) equal the
+    written-out attention's, and are finite."""
+    inputs = [t.clone().requires_grad_() for t in (q, k, v)]
+    params = list(bias.parameters())
+    out = biased_attention(
+        *inputs, bias, q_positions=qpos, k_positions=kpos, mask=mask, causal=causal, **kwargs
+    )
+    grads = torch.autograd.grad(out.square().sum(), [*inputs, *params])
+    inputs2 = [t.clone().requires_grad_() for t in (q, k, v)]
+    expected = written_out(*inputs2, bias, qpos, kpos, mask=mask, causal=causal)
+    torch.testing.assert_close(out, expected, rtol=0, atol=2e-6)
+    grads2 = torch.autograd.grad(expected.square().sum(), [*inputs2, *params])
+    for got, want in zip(grads, grads2):
+        assert torch.isfinite(got).all()
+        torch.testing.assert_close(got, want, rtol=rtol, atol=1e-5)
+
+
 # -- the bias at positions ------------------------------------------------------------------
 @pytest.mark.parametrize("family", FAMILIES)
 @pytest.mark.parametrize(("q_len", "k_len", "q_start"), [(7, 7, 0), (1, 9, 8), (3, 12, 5)])
@@ -198,16 +216,7 @@ def test_gradients_at_positions_equal_the_written_out_attention(family):
     bias = random_module(family)
     q, k, v, qpos, kpos, mask = random_case(6)
     mask[1, 0, 2] = False
-    inputs = [t.clone().requires_grad_() for t in (q, k, v)]
-    params = list(bias.parameters())
-    out = biased_attention(*inputs, bias, q_positions=qpos, k_positions=kpos, mask=mask)
-    grads = torch.autograd.grad(out.square().sum(), [*inputs, *params])
-    inputs2 = [t.clone().requires_grad_() for t in (q, k, v)]
-    expected = written_out(*inputs2, bias, qpos, kpos, mask=mask)
-    grads2 = torch.autograd.grad(expected.square().sum(), [*inputs2, *params])
-    for got, want in zip(grads, grads2):
-        assert torch.isfinite(got).all()
-        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    assert_gradients_match(bias, q, k, v, qpos, kpos, mask, rtol=1e-5)
 
 
 def test_prepared_and_dense_biases_take_a_mask_and_grouped_keys():
@@ -332,25 +341,9 @@ def test_the_fused_kernels_gradients_at_shifted_positions(family):
     q, k, v, qpos, kpos, mask = random_case(16, shifted=True, q_len=7, k_len=12)
     mask[1, 0, 2] = False
     for causal in (True, False):
-        inputs = [t.clone().requires_grad_() for t in (q, k, v)]
-        params = list(bias.parameters())
-        out = biased_attention(
-            *inputs,
-            bias,
-            q_positions=qpos,
-            k_positions=kpos,
-            mask=mask,
-            causal=causal,
-            backend="fused",
+        assert_gradients_match(
+            bias, q, k, v, qpos, kpos, mask, rtol=1e-4, causal=causal, backend="fused"
         )
-        grads = torch.autograd.grad(out.square().sum(), [*inputs, *params])
-        inputs2 = [t.clone().requires_grad_() for t in (q, k, v)]
-        expected = written_out(*inputs2, bias, qpos, kpos, mask=mask, causal=causal)
-        torch.testing.assert_close(out, expected, rtol=0, atol=2e-6)
-        grads2 = torch.autograd.grad(expected.square().sum(), [*inputs2, *params])
-        for got, want in zip(grads, grads2):
-            assert torch.isfinite(got).all()
-            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
 
 
 def test_the_fused_kernel_refuses_positions_that_restart():

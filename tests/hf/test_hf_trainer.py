@@ -8,23 +8,10 @@ from hf_helpers import FAMILY_KWARGS, tiny_model
 from transformers import Trainer, TrainingArguments
 
 import relbias.hf as rh
-from relbias.lab.data import load_corpus, random_windows
+from relbias.hf.train import ByteWindows
+from relbias.lab.data import load_corpus
 
 SEQ = 32
-
-
-class Windows(torch.utils.data.Dataset):
-    """Fixed random windows of the byte corpus, as HF causal-LM examples."""
-
-    def __init__(self, data, count, seed):
-        g = torch.Generator().manual_seed(seed)
-        self.x, _ = random_windows(data, count, SEQ, g)
-
-    def __len__(self):
-        return self.x.shape[0]
-
-    def __getitem__(self, i):
-        return {"input_ids": self.x[i], "labels": self.x[i]}
 
 
 @torch.no_grad()
@@ -37,7 +24,7 @@ def mean_loss(model, dataset):
 @pytest.mark.parametrize("family", ["kerple_log", "t5"])
 def test_trainer_trains_a_biased_llama_and_the_loss_falls(tmp_path, family):
     corpus = load_corpus(max_bytes=100_000)
-    train, held_out = Windows(corpus.train, 256, 0), Windows(corpus.val, 16, 1)
+    train, held_out = ByteWindows(corpus.train, 256, SEQ, 0), ByteWindows(corpus.val, 16, SEQ, 1)
     torch.manual_seed(0)
     model = tiny_model(vocab_size=256)
     rh.apply(model, family, **FAMILY_KWARGS[family])
