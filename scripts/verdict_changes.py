@@ -3,9 +3,9 @@
 Before, a chapter read a method's extrapolation from its two ends (the per-seed change from
 1x to 16x: "degrades", "improves" or "neither") and ordered two methods, or two probe
 accuracies, by whether their intervals over seeds overlapped. Now every verdict goes
-through :func:`relbias.lab.stats.verdict`: whole curves (:func:`~relbias.lab.stats.method_curve`),
-paired by seed where runs share seeds (:func:`~relbias.lab.stats.methods_verdict`,
-:func:`~relbias.lab.stats.accuracy_verdict`), with "at the edge" where the gap is below the
+through :func:`relbias.lab.stats.verdict`: whole curves (:func:`~relbias.lab.readings.method_curve`),
+paired by seed where runs share seeds (:func:`~relbias.lab.readings.methods_verdict`,
+:func:`~relbias.lab.readings.accuracy_verdict`), with "at the edge" where the gap is below the
 evaluation's own sampling error. This script applies both rules to every stored sweep and
 prints, as a Markdown table, each verdict that differs (old, new, why), for the results
 README::
@@ -17,10 +17,11 @@ from __future__ import annotations
 
 import sys
 
-from relbias.lab import stats
+from relbias.lab import readings
 from relbias.lab.interpolation import as_sweep
+from relbias.lab.readings import at_factor, row_at
 from relbias.lab.results import load_results, load_stored
-from relbias.lab.stats import at_factor, interval, row_at
+from relbias.lab.stats import interval
 
 
 def old_trend(results: dict, method: str) -> str:
@@ -67,7 +68,7 @@ def curve_changes(kind: str, results: dict) -> list[list[str]]:
     rows = []
     for m in results["methods"]:
         old = old_trend(results, m)
-        new = stats.method_curve(results, m)
+        new = readings.method_curve(results, m)
         if old != new["answer"]:
             rows.append([kind, f"{m}: 1x to 16x", old, new["answer"], _why_curve(new)])
     return rows
@@ -77,7 +78,7 @@ def pair_changes(kind: str, results: dict, pairs, factor: int) -> list[list[str]
     rows = []
     for a, b in pairs:
         old = old_order(at_factor(results, a, factor), at_factor(results, b, factor))
-        new = stats.methods_verdict(results, a, b, factor)
+        new = readings.methods_verdict(results, a, b, factor)
         if (old, new["answer"]) not in (("lower", "lower"), ("higher", "higher")) and not (
             old == "overlapping" and new["answer"] == "cannot be told apart"
         ):
@@ -87,14 +88,15 @@ def pair_changes(kind: str, results: dict, pairs, factor: int) -> list[list[str]
 
 def accuracy_changes(kind: str, results: dict, against: str) -> list[list[str]]:
     rows = []
-    for length in stats.probe_lengths(results):
+    for length in readings.probe_lengths(results):
         for m in results["methods"]:
             if m == against:
                 continue
             old = old_order(
-                stats.accuracy_at(results, m, length), stats.accuracy_at(results, against, length)
+                readings.accuracy_at(results, m, length),
+                readings.accuracy_at(results, against, length),
             )
-            new = stats.accuracy_verdict(results, m, against, length)
+            new = readings.accuracy_verdict(results, m, against, length)
             same = (old, new["answer"]) in (("lower", "lower"), ("higher", "higher")) or (
                 old == "overlapping" and new["answer"] == "cannot be told apart"
             )

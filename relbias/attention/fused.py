@@ -50,8 +50,11 @@ of their bounds, so steep biases (ALiBi's first heads) skip most far blocks
 The kernel is C++, compiled on first use with :func:`torch.utils.cpp_extension.load`
 (a C++ compiler, ``ninja`` and a PyTorch whose ATen has float32
 ``at::native::cpublas::brgemm`` are needed; the build takes about 20 s once per machine
-and is cached). The compilation announces itself on stderr (a line when it starts, one
-with its time when it ends). To build it ahead of time, run::
+and is cached). The compilation is logged, not printed (logger
+``relbias.attention.fused``, level INFO: a line when it starts, one with its time when it
+ends; ``logging.basicConfig(level=logging.INFO)`` shows them), so that a first build inside
+a notebook cell adds nothing to the cell's output; :func:`build_info` tells whether this
+process compiled it and how long it took. To build it ahead of time, run::
 
     python -m relbias.attention.fused
 
@@ -74,6 +77,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import re
 import shlex
@@ -110,6 +114,7 @@ Q_BLOCK = 128
 #: the cache).
 KV_BLOCK = 512
 
+_LOG = logging.getLogger(__name__)
 _LOCK = threading.Lock()
 _BUILD: dict = {}
 
@@ -240,11 +245,10 @@ def _build() -> None:
         library.is_file() and stamp_file.is_file() and stamp_file.read_text().strip() == stamp
     )
     if compiled:
-        print(
-            f"relbias: compiling the fused attention kernel ({capability}, first use; "
+        _LOG.info(
+            "relbias: compiling the fused attention kernel (%s, first use; "
             "about 15 s, cached after)...",
-            file=sys.stderr,
-            flush=True,
+            capability,
         )
         directory.mkdir(parents=True, exist_ok=True)
         _compile(name, directory, flags, ninja_dir)
@@ -255,10 +259,8 @@ def _build() -> None:
     _self_test()
     seconds = time.perf_counter() - start
     if compiled:
-        print(
-            f"relbias: fused attention kernel compiled in {seconds:.1f} s (cached in {directory})",
-            file=sys.stderr,
-            flush=True,
+        _LOG.info(
+            "relbias: fused attention kernel compiled in %.1f s (cached in %s)", seconds, directory
         )
     _BUILD.update(
         capability=capability,
@@ -459,6 +461,7 @@ def block_counts(
 
 def main() -> int:
     """``python -m relbias.attention.fused``: build (or load) the kernel ahead of time."""
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
     start = time.perf_counter()
     if not available():
         print(f"relbias fused kernel unavailable: {unavailable_reason()}", file=sys.stderr)

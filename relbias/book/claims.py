@@ -1,7 +1,8 @@
 """A chapter's claims about the stored runs, each given by the one verdict function.
 
 A chapter states its findings in prose and asserts them in one hidden cell tagged
-``claims``: a list of claims, each a verdict of :mod:`relbias.lab.stats` (the only rule that
+``claims``: a list of claims, each a verdict of :mod:`relbias.lab.stats` (read from a stored
+sweep by :mod:`relbias.lab.readings`; the only rule that
 decides "lower", "higher", "at the edge", "cannot be told apart", and a curve's "improves",
 "degrades", ...) and the answer the prose states. :func:`check` raises, naming every claim
 whose verdict is not the stated one, and returns the verdicts for gluing their numbers::
@@ -23,7 +24,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from relbias.lab import stats
+from relbias.lab import readings, stats
 
 __all__ = [
     "Claim",
@@ -64,18 +65,18 @@ def _claim(name: str, verdict: dict, expect: str, answers) -> Claim:
 
 def curve(results: dict, method: str, expect: str, *, name: str | None = None, **kw) -> Claim:
     """``method``'s curve over the stored lengths reads ``expect`` (one of
-    :data:`relbias.lab.stats.CURVE_ANSWERS`): :func:`relbias.lab.stats.method_curve`."""
-    verdict = stats.method_curve(results, method, **kw)
+    :data:`relbias.lab.stats.CURVE_ANSWERS`): :func:`relbias.lab.readings.method_curve`."""
+    verdict = readings.method_curve(results, method, **kw)
     return _claim(name or f"{method} curve", verdict, expect, stats.CURVE_ANSWERS)
 
 
 def context(results: dict, method: str, expect: str, *, name: str | None = None) -> Claim:
     """``method``'s use of the context past the training length reads ``expect`` (one of
-    the words of :data:`relbias.lab.stats.CONTEXT_WORDS`):
-    :func:`relbias.lab.stats.context_verdict`."""
-    verdict = stats.context_verdict(results, method)
+    the words of :data:`relbias.lab.readings.CONTEXT_WORDS`):
+    :func:`relbias.lab.readings.context_verdict`."""
+    verdict = readings.context_verdict(results, method)
     verdict = {**verdict, "answer": verdict["words"], "verdict_answer": verdict["answer"]}
-    return _claim(name or f"{method} context", verdict, expect, stats.CONTEXT_WORDS.values())
+    return _claim(name or f"{method} context", verdict, expect, readings.CONTEXT_WORDS.values())
 
 
 def methods(
@@ -89,9 +90,9 @@ def methods(
     name: str | None = None,
 ) -> Claim:
     """``a``'s bits per byte at ``factor`` x the training length lies ``expect`` (one of
-    :data:`relbias.lab.stats.ANSWERS`) ``b``'s: :func:`relbias.lab.stats.methods_verdict`
+    :data:`relbias.lab.stats.ANSWERS`) ``b``'s: :func:`relbias.lab.readings.methods_verdict`
     (paired by seed; ``other``: ``b``'s results when they come from another sweep)."""
-    verdict = stats.methods_verdict(results, a, b, factor, other=other)
+    verdict = readings.methods_verdict(results, a, b, factor, other=other)
     return _claim(name or f"{a} vs {b} at {factor}x", verdict, expect, stats.ANSWERS)
 
 
@@ -106,8 +107,8 @@ def accuracy(
     name: str | None = None,
 ) -> Claim:
     """``a``'s recall accuracy lies ``expect`` ``b``'s at one length and distance:
-    :func:`relbias.lab.stats.accuracy_verdict`."""
-    verdict = stats.accuracy_verdict(results, a, b, length, distance)
+    :func:`relbias.lab.readings.accuracy_verdict`."""
+    verdict = readings.accuracy_verdict(results, a, b, length, distance)
     return _claim(name or f"{a} vs {b} recall at {length}", verdict, expect, stats.ANSWERS)
 
 

@@ -21,7 +21,7 @@ import math
 from relbias.book.plots import figure
 from relbias.book.sweeps import show_interval
 from relbias.lab.interventions import intervention_at, intervention_effect
-from relbias.lab.stats import at_factor, row_at
+from relbias.lab.readings import at_factor, row_at
 
 __all__ = [
     "FIRE_CLAMPS",

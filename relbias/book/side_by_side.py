@@ -8,7 +8,7 @@ beside what the chapter uses it for; :func:`runs_box` shows them as a MyST admon
 Markdown output: MyST in the built book). :func:`table_2_4_curves` is
 :func:`relbias.book.overview.table_2_4_rows` with its last column, the change from the
 training length to the longest, replaced by the whole curve's verdict
-(:func:`relbias.lab.stats.method_curve`); :func:`context_rows` tabulates the context-use
+(:func:`relbias.lab.readings.method_curve`); :func:`context_rows` tabulates the context-use
 measure of each method on the longest-trained sweep that records it.
 """
 
@@ -27,8 +27,8 @@ from relbias.book.sweeps import (
     strongest_with_context,
 )
 from relbias.lab.config import Config
+from relbias.lab.readings import context_verdict, method_curve
 from relbias.lab.results import describe, seed_count
-from relbias.lab.stats import context_verdict, method_curve
 
 __all__ = [
     "RUN_HEADERS",
@@ -117,7 +117,7 @@ def runs_box(rows, *, title: str = "Which run each number comes from", note: str
 def table_2_4_curves(results: dict, config, *, cost_length: int = 1024):
     """The book's Table 2.4 extended (:func:`relbias.book.overview.table_2_4_rows`), its last
     column the whole curve's verdict over the stored lengths of ``results``
-    (:func:`relbias.lab.stats.method_curve`, :func:`relbias.book.sweeps.curve_words`)
+    (:func:`relbias.lab.readings.method_curve`, :func:`relbias.book.sweeps.curve_words`)
     instead of the change between the two ends: ``(rows, headers)``."""
     rows, headers = table_2_4_rows(results, config, cost_length=cost_length)
     rows = [[*row[:-1], curve_words(method_curve(results, row[0]))] for row in rows]
@@ -131,7 +131,7 @@ def context_rows(methods, kinds=TEXT_SWEEPS, *, digits: int = 3, sweep_for=None)
     function of the method returning the results to read, replaces that choice): the
     sweep's training steps, the long and the sliding reading of the bytes past the training
     length and their paired difference (mean [95 % interval] over seeds) with its verdict
-    (:func:`relbias.lab.stats.context_verdict`)."""
+    (:func:`relbias.lab.readings.context_verdict`)."""
     if sweep_for is None:
 
         def sweep_for(method):

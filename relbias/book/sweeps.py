@@ -12,14 +12,9 @@ from __future__ import annotations
 import math
 
 from relbias.book.display import glue, show_table
+from relbias.lab.readings import accuracy_at, at_factor, context_verdict, method_curve
 from relbias.lab.results import describe, load_stored, seed_count
-from relbias.lab.stats import (
-    accuracy_at,
-    at_factor,
-    context_verdict,
-    method_curve,
-    probe_error,
-)
+from relbias.lab.stats import probe_error
 
 __all__ = [
     "accuracy_table",
@@ -81,11 +76,11 @@ def accuracy_table(results: dict, methods, length: int, *, digits: int = 2):
 
 
 def far_accuracy_table(far: dict, *, digits: int = 2):
-    """Rows and headers of a table of :func:`~relbias.lab.stats.far_accuracy`'s ``far``: each
+    """Rows and headers of a table of :func:`~relbias.lab.readings.far_accuracy`'s ``far``: each
     method's recall accuracy at the farthest distance of every tested length, mean [95 %
     interval, clipped to [0, 1]] over seeds."""
     if not far:
-        raise ValueError("far must hold at least one method (relbias.lab.stats.far_accuracy)")
+        raise ValueError("far must hold at least one method (relbias.lab.readings.far_accuracy)")
     methods = list(far)
     lengths = list(far[methods[0]])
     headers = ["method", *(f"{n} tokens, d = {far[methods[0]][n]['distance']}" for n in lengths)]
@@ -103,10 +98,10 @@ def curve_words(curve: dict) -> str:
 def curve_table(results: dict, methods, *, context: bool = True):
     """Rows and headers of a narrow table, one row per method of ``methods``: bits per byte
     at the training length and at the longest length (mean [95 % interval] over seeds), the
-    whole curve's verdict (:func:`~relbias.lab.stats.method_curve`, :func:`curve_words`) and,
+    whole curve's verdict (:func:`~relbias.lab.readings.method_curve`, :func:`curve_words`) and,
     with ``context`` (where the sweep records it), the context-use measure: the long window
     minus the sliding one on the bytes past the training length, with its verdict
-    (:func:`~relbias.lab.stats.context_verdict`)."""
+    (:func:`~relbias.lab.readings.context_verdict`)."""
     first = results["methods"][methods[0]]["eval"]
     start, end = first[0]["factor"], first[-1]["factor"]
     rows = []
@@ -272,9 +267,9 @@ def curve_context_table(results: dict, methods, *, digits: int = 2, kinds=TEXT_S
     """Rows and headers of a narrow table, one row per method of ``methods``: bits per byte
     at the training length and at the longest length of ``results`` (the longest-trained
     sweep; mean [95 % interval] over seeds), the whole curve's verdict there
-    (:func:`~relbias.lab.stats.method_curve`), and the context-use measure (the long window
+    (:func:`~relbias.lab.readings.method_curve`), and the context-use measure (the long window
     minus the sliding one on the bytes past the training length, mean [95 % interval], and
-    its verdict, :func:`~relbias.lab.stats.context_verdict`) on the longest-trained sweep that
+    its verdict, :func:`~relbias.lab.readings.context_verdict`) on the longest-trained sweep that
     records it for the method (of ``kinds``: :func:`context_sweep_steps`), with that sweep's
     steps.
 
@@ -365,7 +360,7 @@ def pooled_accuracies(results: dict, method: str, length: int, *, max_distance: 
 def gap_by_seed(results: dict, method: str, others, step: int | None = None) -> list[float]:
     """Per seed (in order), ``method``'s validation bits per byte at the training length minus
     the mean of ``others``' at training step ``step`` (default: the last), from the runs'
-    validation curves: the per-seed form of :func:`~relbias.lab.stats.gap_by_step`, for a
+    validation curves: the per-seed form of :func:`~relbias.lab.readings.gap_by_step`, for a
     paired verdict (one seed's runs share their batches)."""
     others = [m for m in others if m != method]
     if not others:

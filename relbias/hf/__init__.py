@@ -8,7 +8,10 @@ never imports it, and nothing in :mod:`relbias.biases`, :mod:`relbias.attention`
   Llama family (its own bias per layer, or one shared), turns RoPE off unless asked to keep
   it, registers the ``"relbias"`` attention and mask functions and records the choice in
   ``model.config.relbias``;
-- :func:`from_pretrained` loads a model saved after :func:`apply`, biases included;
+- :func:`from_pretrained` loads a model saved after :func:`apply`, biases included
+  (the ``attn_implementation`` saved with it, :data:`SAVED_ATTN_IMPLEMENTATION`, makes
+  transformers' own ``AutoModelForCausalLM.from_pretrained`` refuse it with an error
+  naming this function, instead of loading it without its biases);
 - :func:`eval_by_length` reads bits per token (or per byte) of any causal LM at several
   lengths, with the context-use measure of :mod:`relbias.lab.context`.
 
@@ -34,6 +37,7 @@ serves training and evaluation without a cache.
 from relbias.hf._apply import (
     BIAS_ATTRIBUTE,
     FAMILIES,
+    SAVED_ATTN_IMPLEMENTATION,
     apply,
     biases,
     from_pretrained,
@@ -47,6 +51,7 @@ __all__ = [
     "ATTN_IMPLEMENTATION",
     "BIAS_ATTRIBUTE",
     "FAMILIES",
+    "SAVED_ATTN_IMPLEMENTATION",
     "UNITS",
     "apply",
     "biases",

@@ -25,6 +25,16 @@ FAMILIES: tuple[str, ...] = tuple(BIAS_NAMES) + tuple(DATA_DEPENDENT_NAMES)
 BIAS_ATTRIBUTE = "relbias"
 #: The config attribute that records the choice (saved in config.json).
 CONFIG_ATTRIBUTE = "relbias"
+#: The ``attn_implementation`` that :func:`apply` writes into the saved config.json: a name
+#: transformers has no attention function for (none is registered under it), so that
+#: ``AutoModelForCausalLM.from_pretrained`` (or ``from_config``) refuses a saved model with
+#: this text in its error, before reading a weight, instead of building it without its
+#: biases (which it would list as unexpected keys and drop). :func:`from_pretrained` passes
+#: an implementation of its own, and the model runs under :data:`ATTN_IMPLEMENTATION`.
+SAVED_ATTN_IMPLEMENTATION = (
+    "relbias (this model's biases load only with: import relbias.hf; "
+    "relbias.hf.from_pretrained(path))"
+)
 
 
 def register() -> None:
@@ -126,7 +136,11 @@ def apply(model, family, *, shared=False, keep_rope=False, **bias_kwargs):
     ``AttentionInterface`` and ``AttentionMaskInterface``), and the choice is recorded in
     ``model.config.relbias``, so ``model.save_pretrained(path)`` and
     :func:`from_pretrained` give the same model back (the bias parameters are in the state
-    dict: ``...self_attn.relbias.*`` per layer, ``model.relbias.*`` shared). Returns ``model``.
+    dict: ``...self_attn.relbias.*`` per layer, ``model.relbias.*`` shared). The config also
+    gets ``attn_implementation`` = :data:`SAVED_ATTN_IMPLEMENTATION`, saved in config.json, so
+    that transformers' own ``AutoModelForCausalLM.from_pretrained(path)`` fails with an error
+    naming :func:`from_pretrained` rather than loading the model without its biases (an
+    ``attn_implementation`` passed to it explicitly overrides that guard). Returns ``model``.
     """
     attentions = _check_model(model)
     _check_family(family)
@@ -177,6 +191,9 @@ def apply(model, family, *, shared=False, keep_rope=False, **bias_kwargs):
             "bias_kwargs": dict(bias_kwargs),
         },
     )
+    # A plain attribute (not the internal ``_attn_implementation``, which is not saved):
+    # config.json records it as ``attn_implementation``, read back on load.
+    config.attn_implementation = SAVED_ATTN_IMPLEMENTATION
     model.set_attn_implementation(ATTN_IMPLEMENTATION)
     return model
 
@@ -237,6 +254,9 @@ def from_pretrained(path, **kwargs):
     ``transformers.AutoModelForCausalLM.from_pretrained`` (``dtype``, ``device_map``, ...).
     The family, sharing and RoPE choice are read from ``config.relbias``; every bias
     parameter and persistent buffer is read from the checkpoint (a missing one is an error).
+    The base architecture is loaded with ``attn_implementation="sdpa"``, which overrides the
+    :data:`SAVED_ATTN_IMPLEMENTATION` guard of config.json, and :func:`apply` sets it again
+    (a model saved again keeps the guard).
     """
     from transformers import AutoConfig, AutoModelForCausalLM
     from transformers.utils import logging as hf_logging

@@ -76,8 +76,8 @@ from relbias.lab.experiments import train_and_evaluate, train_and_probe
 from relbias.lab.probe import probe_description
 from relbias.lab.readback import learned_bias
 from relbias.lab.results import check_tag, split_at_train_len
-from relbias.lab.stats import (
-    interval,
+from relbias.lab.stats import interval
+from relbias.lab.summaries import (
     summarize_extrapolation,
     summarize_interventions,
     summarize_retrieval,
@@ -523,7 +523,7 @@ def run_ablation(
 def _ablation_summary(per_seed: dict, summarize) -> dict:
     """A variant's summary over seeds: the plain one, T5's monotone evaluation, the
     interval of the per-seed numbers (inside and past the training length) and every
-    intervention (:func:`~relbias.lab.stats.summarize_interventions`)."""
+    intervention (:func:`~relbias.lab.summaries.summarize_interventions`)."""
     summary = summarize(per_seed)
     records = list(per_seed.values())
     if "eval_monotone" in records[0]:

@@ -31,7 +31,7 @@ from relbias.lab.probe import (
 )
 from relbias.lab.readback import bias_readback, gate_readback
 from relbias.lab.results import check_tag
-from relbias.lab.stats import summarize_extrapolation, summarize_retrieval
+from relbias.lab.summaries import summarize_extrapolation, summarize_retrieval
 from relbias.lab.sweep import run_sweep
 from relbias.lab.training import build_model, train_lm
 from relbias.lab.weights import save_weights
@@ -240,7 +240,7 @@ def run_extrapolation(
 ) -> dict:
     """Train and evaluate every method (default all) for every seed (default
     ``[config.seed]``); returns the results: per method the summary of
-    :func:`~relbias.lab.stats.summarize_extrapolation` (every seed's record under
+    :func:`~relbias.lab.summaries.summarize_extrapolation` (every seed's record under
     ``"seeds"``), the corpus description and the provenance. ``checkpoint_dir``, ``resume``:
     see :func:`relbias.lab.sweep.run_seeds`; ``weights_dir``: where each run's final weights
     go (:func:`~relbias.lab.weights.save_weights`; default: not kept)."""
@@ -303,7 +303,7 @@ def run_retrieval(
     weights_dir=None,
 ) -> dict:
     """Train every method on the probe for every seed; returns the results (per method the
-    summary of :func:`~relbias.lab.stats.summarize_retrieval`), as
+    summary of :func:`~relbias.lab.summaries.summarize_retrieval`), as
     :func:`run_extrapolation` does for text, with the probe's description."""
     tag = check_tag(tag)
     config = config or get_config()

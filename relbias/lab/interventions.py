@@ -11,7 +11,8 @@ method of its own, so that every reader of a sweep takes it like any method.
 
 from __future__ import annotations
 
-from relbias.lab.stats import methods_verdict, row_at, verdict
+from relbias.lab.readings import methods_verdict, row_at
+from relbias.lab.stats import verdict
 
 __all__ = [
     "intervention_at",
@@ -25,7 +26,7 @@ def intervention_at(results: dict, method: str, intervention: str, factor: int) 
     """Mean and 95 % interval of ``method``'s bits per byte at ``factor`` x the training
     length, evaluated with the stored ``intervention`` (an ablation's
     ``methods[method]["interventions"][intervention]``: the same trained weights with one
-    thing changed). Same keys as :func:`~relbias.lab.stats.at_factor`."""
+    thing changed). Same keys as :func:`~relbias.lab.readings.at_factor`."""
     held = results["methods"][method].get("interventions", {})
     if intervention not in held:
         raise ValueError(
@@ -80,8 +81,8 @@ def interventions_as_methods(results: dict, variant: str, names, *, labels=None)
     same trained weights evaluated with one thing changed), each as a method of its own,
     named by ``labels`` (``{name: label}``; ``variant`` may be renamed too; default
     ``"<variant>, <name>"``): its summary rows and every seed's rows, so that
-    :func:`~relbias.lab.stats.at_factor`, :func:`~relbias.lab.stats.method_curve`,
-    :func:`~relbias.lab.stats.loss_within_and_past` and
+    :func:`~relbias.lab.readings.at_factor`, :func:`~relbias.lab.readings.method_curve`,
+    :func:`~relbias.lab.readings.loss_within_and_past` and
     :func:`~relbias.lab.plots.plot_bpb_by_length` read it like any method."""
     labels = dict(labels or {})
     record = results["methods"][variant]
@@ -98,7 +99,7 @@ def interventions_as_methods(results: dict, variant: str, names, *, labels=None)
 def paired_change(results: dict, a: str, b: str, factor: int) -> dict:
     """``a``'s bits per byte at ``factor`` x against ``b``'s, seed by seed (two methods of
     ``results`` that hold the same seeds, e.g. a model as trained and with an intervention,
-    from :func:`interventions_as_methods`): :func:`relbias.lab.stats.methods_verdict`."""
+    from :func:`interventions_as_methods`): :func:`relbias.lab.readings.methods_verdict`."""
     seeds_a, seeds_b = results["methods"][a]["seeds"], results["methods"][b]["seeds"]
     if set(seeds_a) != set(seeds_b):
         raise ValueError(

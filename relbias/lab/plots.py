@@ -23,8 +23,8 @@ from matplotlib.figure import Figure
 from relbias.lab.interpolation import FINETUNE_VARIANTS, SCALINGS
 from relbias.lab.interventions import intervention_at
 from relbias.lab.model import BASELINE_POSITIONS, POSITION_NAMES
+from relbias.lab.readings import at_factor, paired_seeds
 from relbias.lab.results import only
-from relbias.lab.stats import at_factor, paired_seeds
 
 # The widest figure, in inches: a page shows figures about 780 px wide (100 dpi).
 PAGE_WIDTH = 8.0

@@ -33,7 +33,7 @@ import torch
 from relbias._json import read_json, write_json
 from relbias.lab.config import Config
 from relbias.lab.device import device_name
-from relbias.lab.stats import summarize_extrapolation, summarize_retrieval
+from relbias.lab.summaries import summarize_extrapolation, summarize_retrieval
 
 #: Where the stored results live (raw), and their compact copies (shipped).
 RESULTS_DIR = Path(__file__).with_name("results")
@@ -163,7 +163,7 @@ def compact(results: dict) -> dict:
     of its context-use measure's sliding reading (the summary's means over seeds stay). In
     their place each per-seed row keeps the two numbers a chapter reads from it, the mean
     loss within the training length and past it (``within_train_len_bpb``,
-    ``past_train_len_bpb``; see :func:`relbias.lab.stats.loss_within_and_past`). Everything
+    ``past_train_len_bpb``; see :func:`relbias.lab.readings.loss_within_and_past`). Everything
     else is kept as it is."""
     train_len = results.get("provenance", {}).get("config", {}).get("train_len")
 

@@ -1,5 +1,5 @@
-"""The statistics of the lab: intervals over seeds, the one verdict function, and a sweep's
-summaries.
+"""The statistics of the lab: intervals over seeds, the one verdict function, and the one
+"levelled off" rule.
 
 - :func:`interval`, :func:`paired_interval`: mean and 95 % Student-t interval of one number
   per seed, or of the differences of paired runs (SciPy's ``scipy.stats``);
@@ -7,10 +7,12 @@ summaries.
   through (below); :func:`curve_verdict` applies it to every pair of lengths of a curve;
 - :func:`text_error`, :func:`probe_error`: the evaluation's own sampling error (the spans
   of text read, the test sequences of the probe), which decides "at the edge";
-- :func:`method_curve`, :func:`methods_verdict`, :func:`context_verdict`,
-  :func:`accuracy_verdict`: a stored sweep's numbers handed to it;
-- :func:`summarize_extrapolation`, :func:`summarize_retrieval`: a method's records over
-  seeds as the summary a result file stores; :func:`levelled_off`: a training curve.
+- :func:`last_fifth_fall`, :func:`levelled_verdict`: **the one "levelled off" rule** for
+  training curves (below).
+
+A stored sweep's numbers are handed to these by :mod:`relbias.lab.readings`; a sweep's
+records are summarised over seeds, as a result file stores them, by
+:mod:`relbias.lab.summaries`.
 
 A result over seeds is summarised by :func:`interval`: the mean of the per-seed values and
 the two-sided ``confidence`` interval ``mean +- t_{(1+confidence)/2, n-1} * sd / sqrt(n)``.
@@ -36,6 +38,14 @@ is given.
 Curves over lengths are read whole (:func:`curve_verdict`): every pair of lengths is a
 paired comparison, and each pair that separates is reported, so that a curve that falls to
 4x and rises after it is not summarised by its two ends.
+
+**Levelled off** (:func:`levelled_verdict`): a training run's validation curve at the
+training length has *levelled off* when its fall over the last fifth of training (the value
+where the last fifth starts minus the last value, :func:`last_fifth_fall`), one number per
+seed, cannot be told apart from 0 by :func:`verdict` (each seed's curve compared with
+itself: paired); it is *still improving* where the fall's interval lies above 0. This is the
+only rule: there is no threshold in bits, and "levelled off" means that no further fall is
+shown, not that none is left.
 """
 
 from __future__ import annotations
@@ -60,14 +70,6 @@ CURVE_ANSWERS = (
     "cannot be told apart",
     "one seed",
 )
-#: What :func:`context_verdict`'s answers mean: the long window against the sliding one.
-CONTEXT_WORDS = {
-    "lower": "uses the far context",
-    "higher": "reads the far bytes worse",
-    "at the edge": "at the edge",
-    "cannot be told apart": "no use of the far context shown",
-    "one seed": "one seed",
-}
 
 
 def _check_df(df) -> int:
@@ -341,212 +343,7 @@ def _turns_at(length, before: list, after: list) -> bool:
     )
 
 
-def levelled_off(curve, *, fraction: float = 0.2, tolerance: float = 0.02) -> dict:
-    """Whether a validation curve ``[{"step", "bpb"}, ...]`` has levelled off.
-
-    Compares the value at the start of the last ``fraction`` of the steps with the last
-    value: ``drop`` (bits) is how much it still fell; ``levelled`` is ``drop <= tolerance``.
-    """
-    if not 0 < fraction < 1:
-        raise ValueError(f"fraction must lie in (0, 1), got {fraction!r}")
-    if not tolerance >= 0:
-        raise ValueError(f"tolerance must be >= 0, got {tolerance!r}")
-    points = sorted((int(p["step"]), float(p["bpb"])) for p in curve)
-    if len(points) < 2:
-        raise ValueError("curve must hold at least two points to tell whether it levelled off")
-    last_step, last = points[-1]
-    cut = last_step - fraction * (last_step - points[0][0])
-    earlier = [v for s, v in points if s <= cut]
-    start = earlier[-1] if earlier else points[0][1]
-    drop = start - last
-    return {"drop": drop, "levelled": drop <= tolerance, "from_step": cut, "to_step": last_step}
-
-
-# --- summaries of a sweep over seeds ---------------------------------------------------------
-
-
-def summarize_extrapolation(per_seed: dict, confidence: float = 0.95) -> dict:
-    """One method's records ``{seed: record}`` as a summary over seeds.
-
-    ``eval`` rows hold the mean ``bpb`` and its t-interval (``bpb_low``, ``bpb_high``,
-    ``bpb_sd``, ``n``) per length, the bytes and files read, and the mean loss by
-    position (None where a record lacks its own: a compact file's); ``learned_bias`` is
-    the first seed's; ``seeds`` keeps every record.
-    """
-    seeds = list(per_seed)
-    first = per_seed[seeds[0]]
-    rows = []
-    for i, row in enumerate(first["eval"]):
-        values = [per_seed[s]["eval"][i]["bpb"] for s in seeds]
-        iv = interval(values, confidence)
-        positions = [per_seed[s]["eval"][i].get("loss_by_position") for s in seeds]
-        summary = {k: row[k] for k in ("factor", "length", "windows", "bytes") if k in row}
-        if "files" in row:
-            summary["files"] = row["files"]
-        summary.update(
-            bpb=iv["mean"],
-            bpb_low=iv["low"],
-            bpb_high=iv["high"],
-            bpb_sd=iv["sd"],
-            n=iv["n"],
-            loss_by_position=(
-                None
-                if any(p is None for p in positions)
-                else [round(statistics.fmean(at), 4) for at in zip(*positions)]
-            ),
-        )
-        contexts = [per_seed[s]["eval"][i].get("context") for s in seeds]
-        if all(c is not None for c in contexts):
-            summary["context"] = _context_summary(contexts, confidence)
-        rows.append(summary)
-    return {
-        "params": first["params"],
-        "train": train_summary(per_seed),
-        "eval": rows,
-        "learned_bias": first.get("learned_bias"),
-        **({"learned_gate": first["learned_gate"]} if "learned_gate" in first else {}),
-        "seeds": {str(s): per_seed[s] for s in seeds},
-    }
-
-
-def _context_summary(contexts: list, confidence: float) -> dict:
-    """The context-use measure of one length over seeds: intervals of the long and the
-    sliding reading and of their paired difference, and the sliding reading's mean loss by
-    position (the verdict itself: :func:`context_verdict`)."""
-    sliding = [c.get("sliding_loss_by_position") for c in contexts]
-    return {
-        "window": contexts[0]["window"],
-        "stride": contexts[0]["stride"],
-        "long_bpb": interval([c["long_bpb"] for c in contexts], confidence),
-        "sliding_bpb": interval([c["sliding_bpb"] for c in contexts], confidence),
-        "difference": paired_interval([c["difference"] for c in contexts], None, confidence),
-        "sliding_loss_by_position": (
-            None
-            if any(p is None for p in sliding)
-            else [round(statistics.fmean(at), 4) for at in zip(*sliding)]
-        ),
-    }
-
-
-def summarize_retrieval(per_seed: dict, confidence: float = 0.95) -> dict:
-    """One method's probe records ``{seed: record}``: mean accuracy and t-interval per
-    (length, distance), every seed's record under ``"seeds"``."""
-    seeds = list(per_seed)
-    first = per_seed[seeds[0]]
-    rows = []
-    for i, row in enumerate(first["eval"]):
-        iv = interval([per_seed[s]["eval"][i]["accuracy"] for s in seeds], confidence)
-        rows.append(
-            {
-                "length": row["length"],
-                "distance": row["distance"],
-                "samples": row["samples"],
-                "accuracy": iv["mean"],
-                "accuracy_low": iv["low"],
-                "accuracy_high": iv["high"],
-                "accuracy_sd": iv["sd"],
-                "n": iv["n"],
-            }
-        )
-    return {
-        "params": first["params"],
-        "train": train_summary(per_seed),
-        "eval": rows,
-        "learned_bias": first.get("learned_bias"),
-        **({"learned_gate": first["learned_gate"]} if "learned_gate" in first else {}),
-        "seeds": {str(s): per_seed[s] for s in seeds},
-    }
-
-
-def train_summary(per_seed: dict) -> dict:
-    trains = [rec["train"] for rec in per_seed.values()]
-    out = {
-        "steps": trains[0]["steps"],
-        "final_loss_bits": statistics.fmean(t["final_loss_bits"] for t in trains),
-        "wall_s": sum(t["wall_s"] for t in trains),
-        "tokens_per_s": statistics.fmean(t["tokens_per_s"] for t in trains),
-    }
-    curves = [t["val_curve"] for t in trains if len(t.get("val_curve", ())) >= 2]
-    if curves:
-        out["val_levelled"] = [levelled_off(c) for c in curves]
-    return out
-
-
-def summarize_interventions(per_seed: dict, summarize) -> dict:
-    """Each intervention of the records ``{seed: record}`` over seeds: its evaluation rows
-    summarised as the plain ones (``summarize``), and a t-interval of every number it
-    holds per seed (``within_train_len_bpb``, ...)."""
-    records = list(per_seed.values())
-    out = {}
-    for name, first in records[0].get("interventions", {}).items():
-        as_plain = {s: {**r, "eval": r["interventions"][name]["eval"]} for s, r in per_seed.items()}
-        summary = {"eval": summarize(as_plain)["eval"]}
-        for key, value in first.items():
-            if isinstance(value, float):
-                summary[key] = interval([r["interventions"][name][key] for r in records])
-        out[name] = summary
-    return out
-
-
-# --- reading a summary -------------------------------------------------------------------------
-
-
-def row_at(record: dict, factor: int) -> dict:
-    """The evaluation row of ``record`` (a method's summary or one seed's record) at
-    ``factor`` x the training length."""
-    for row in record["eval"]:
-        if row.get("factor") == factor:
-            return row
-    raise ValueError(f"factor must be one of {[r.get('factor') for r in record['eval']]}")
-
-
-def at_factor(results: dict, method: str, factor: int) -> dict:
-    """Mean and interval of ``method``'s bits per byte at ``factor`` x the training length."""
-    row = row_at(results["methods"][method], factor)
-    return {"mean": row["bpb"], "low": row["bpb_low"], "high": row["bpb_high"], "n": row["n"]}
-
-
-def accuracy_at(results: dict, method: str, length: int, distance: int | None = None) -> dict:
-    """Recall accuracy of ``method`` at one sequence ``length`` and ``distance`` (default:
-    the farthest), mean and 95 % interval over seeds, the interval clipped to [0, 1]."""
-    rows = [r for r in results["methods"][method]["eval"] if r["length"] == length]
-    if not rows:
-        raise ValueError(f"length {length} is not among the stored lengths")
-    row = (
-        rows[-1] if distance is None else next((r for r in rows if r["distance"] == distance), None)
-    )
-    if row is None:
-        raise ValueError(f"distance must be one of {[r['distance'] for r in rows]}")
-    return {
-        "mean": row["accuracy"],
-        "low": max(0.0, row["accuracy_low"]),
-        "high": min(1.0, row["accuracy_high"]),
-        "distance": row["distance"],
-    }
-
-
-def probe_lengths(results: dict) -> list[int]:
-    """The sequence lengths a stored probe was tested at, shortest first."""
-    return sorted({r["length"] for rec in results["methods"].values() for r in rec["eval"]})
-
-
-def far_accuracy(results: dict, methods) -> dict:
-    """``{method: {length: interval}}``: each method's recall accuracy at the farthest
-    distance of every tested length (:func:`accuracy_at`)."""
-    return {m: {n: accuracy_at(results, m, n) for n in probe_lengths(results)} for m in methods}
-
-
-# --- training curves and longer training ----------------------------------------------------
-
-
-def _per_seed_bpb(results: dict, method: str, factor: int, seeds=None) -> list[float]:
-    """``method``'s bits per byte at ``factor`` x, one per seed (all, or ``seeds``)."""
-    records = results["methods"][method]["seeds"]
-    chosen = sorted(records, key=int) if seeds is None else [str(s) for s in seeds]
-    return [row_at(records[s], factor)["bpb"] for s in chosen]
-
-
-#: What :func:`levelled`'s verdict means for a training curve.
+#: What :func:`levelled_verdict`'s answers mean for a training curve.
 TRAINING_WORDS = {
     "lower": "still improving",
     "higher": "rising again",
@@ -556,248 +353,40 @@ TRAINING_WORDS = {
 }
 
 
-def levelled(results: dict, method: str) -> dict:
-    """Whether ``method``'s validation curve at the training length levelled off: the
-    per-seed change over the last 20 % of training (the curve's last value minus its value
-    there) handed to :func:`verdict` against 0 (``answer``; ``words``: "still improving"
-    where it still falls beyond the interval, "levels off" where it cannot be told apart
-    from 0, :data:`TRAINING_WORDS`), and per run ``seeds`` (how many), ``levelled`` (how many
-    fell by at most 0.02 bits there, :func:`levelled_off`) and ``largest_drop`` (bits, the
-    most any seed still fell)."""
-    per_seed = results["methods"][method]["train"].get("val_levelled", [])
-    if not per_seed:
-        raise ValueError(f"{method} has no validation curve in these results")
-    v = verdict([-s["drop"] for s in per_seed])
+def last_fifth_fall(curve, *, fraction: float = 0.2) -> dict:
+    """How much a validation curve ``[{"step", "bpb"}, ...]`` still fell over the last
+    ``fraction`` of its steps: ``drop`` (bits), its value at the last step at or before
+    ``from_step`` minus its last value (at ``to_step``). One run's input to the one
+    "levelled off" rule, :func:`levelled_verdict`; it decides nothing by itself."""
+    if not 0 < fraction < 1:
+        raise ValueError(f"fraction must lie in (0, 1), got {fraction!r}")
+    points = sorted((int(p["step"]), float(p["bpb"])) for p in curve)
+    if len(points) < 2:
+        raise ValueError("curve must hold at least two points to tell whether it levelled off")
+    last_step, last = points[-1]
+    cut = last_step - fraction * (last_step - points[0][0])
+    earlier = [v for s, v in points if s <= cut]
+    start = earlier[-1] if earlier else points[0][1]
+    return {"drop": start - last, "from_step": cut, "to_step": last_step}
+
+
+def levelled_verdict(drops) -> dict:
+    """**The one "levelled off" rule** (module docstring): ``drops`` are one method's falls
+    over the last fifth of training, one per seed (:func:`last_fifth_fall`), handed to
+    :func:`verdict` as the change ``-drop`` against 0. Returns the verdict with ``words``
+    (:data:`TRAINING_WORDS`: "still improving", "levels off", "rising again", "one seed"),
+    ``levelled_off`` (True where no fall or rise is shown, False where one is, None for one
+    seed), ``seeds`` (how many runs) and ``largest_drop`` (bits, the most any seed still
+    fell)."""
+    drops = _finite_list("drops", drops)
+    if not drops:
+        raise ValueError("drops must hold one fall per seed, got none")
+    v = verdict([-d for d in drops])
+    answer = v["answer"]
     return {
         **v,
-        "words": TRAINING_WORDS[v["answer"]],
-        "seeds": len(per_seed),
-        "levelled": sum(bool(s["levelled"]) for s in per_seed),
-        "largest_drop": max(s["drop"] for s in per_seed),
+        "words": TRAINING_WORDS[answer],
+        "levelled_off": None if answer == "one seed" else answer not in ("lower", "higher"),
+        "seeds": len(drops),
+        "largest_drop": max(drops),
     }
-
-
-def spread_by_step(results: dict, methods) -> list[dict]:
-    """How far apart ``methods`` are at the training length as training goes on: at each
-    step of the validation curves, every method's mean over seeds and the ``spread``
-    (largest mean minus smallest). Tells whether the differences close with training."""
-    curves = {}
-    for m in methods:
-        per_seed = results["methods"][m]["seeds"].values()
-        for record in per_seed:
-            for point in record["train"].get("val_curve", []):
-                curves.setdefault(point["step"], {}).setdefault(m, []).append(point["bpb"])
-    rows = []
-    for step in sorted(curves):
-        means = {m: sum(v) / len(v) for m, v in curves[step].items()}
-        if len(means) == len(methods):
-            rows.append(
-                {"step": step, "means": means, "spread": max(means.values()) - min(means.values())}
-            )
-    if not rows:
-        raise ValueError(f"no validation curve common to {list(methods)}")
-    return rows
-
-
-def gap_by_step(results: dict, method: str, others) -> dict:
-    """``{step: gap}``: along the validation curves at the training length, ``method``'s
-    mean over seeds minus the mean of ``others``' means (:func:`spread_by_step`), e.g.
-    whether one method's deficit is still closing when training ends."""
-    others = [m for m in others if m != method]
-    if not others:
-        raise ValueError(f"others must hold a method besides {method!r}")
-    rows = spread_by_step(results, [method, *others])
-    return {
-        r["step"]: r["means"][method] - sum(r["means"][m] for m in others) / len(others)
-        for r in rows
-    }
-
-
-def nearest_step(by_step: dict, step: int) -> int:
-    """The key of ``by_step`` (training steps) nearest to ``step``."""
-    return min(by_step, key=lambda s: abs(s - step))
-
-
-def longer_training(short: dict, longer: dict, methods) -> dict:
-    """The same methods trained ``short`` and ``longer`` (more steps, otherwise the same
-    configuration), compared per method on the seeds both runs hold of it (``seeds``):
-    bits per byte at the training length and at the longest length after each
-    (``short_1x``, ``longer_1x``, ``short_end``, ``longer_end``: mean and 95 % interval
-    over those seeds, no interval for one seed); the longer run's largest fall over the
-    last fifth of training (``drop``), how many of its seeds levelled off (``levelled``,
-    :func:`levelled`) of how many (``runs``). ``"steps"`` gives both step counts."""
-    configs = [r["provenance"]["config"] for r in (short, longer)]
-    differ = sorted(
-        k for k in {**configs[0], **configs[1]} if configs[0].get(k) != configs[1].get(k)
-    )
-    if differ != ["steps"] or not configs[1]["steps"] > configs[0]["steps"]:
-        raise ValueError(
-            "longer must be short's configuration with more steps; they differ in "
-            f"{differ} (steps {configs[0]['steps']} and {configs[1]['steps']})"
-        )
-    end = max(row["factor"] for row in short["methods"][methods[0]]["eval"])
-    rows = {}
-    for m in methods:
-        seeds = [int(s) for s in paired_seeds(short, m, m, longer)]
-        lev = levelled(longer, m)
-        rows[m] = {
-            "seeds": seeds,
-            "drop": lev["largest_drop"],
-            "levelled": lev["levelled"],
-            "runs": lev["seeds"],
-        }
-        for name, results in (("short", short), ("longer", longer)):
-            for at, factor in (("1x", 1), ("end", end)):
-                rows[m][f"{name}_{at}"] = interval(_per_seed_bpb(results, m, factor, seeds))
-    return {"steps": [c["steps"] for c in configs], "end": end, "methods": rows}
-
-
-# --- the loss past the training length, and a learned table's far edge -----------------
-
-
-def loss_within_and_past(results: dict, method: str) -> dict:
-    """``method``'s mean loss at the longest length, split at the training length ``m_l``:
-    the first ``m_l`` positions of a window (``"within"``) and the rest (``"past"``), each
-    per seed from the loss by position (or the two means a compact copy keeps in its place),
-    then mean and 95 % interval over seeds; with
-    ``"length"`` (the window) and ``"train_len"``."""
-    train_len = results["provenance"]["config"]["train_len"]
-    within, past, length = [], [], None
-    for rec in results["methods"][method]["seeds"].values():
-        row = max(rec["eval"], key=lambda r: r["length"])
-        length = row["length"]
-        if "within_train_len_bpb" in row:  # a compact copy keeps the two means
-            within.append(row["within_train_len_bpb"])
-            past.append(row["past_train_len_bpb"])
-        else:
-            pos = row["loss_by_position"]
-            within.append(sum(pos[:train_len]) / train_len)
-            past.append(sum(pos[train_len:]) / (len(pos) - train_len))
-    return {
-        "within": interval(within),
-        "past": interval(past),
-        "length": length,
-        "train_len": train_len,
-    }
-
-
-# --- a stored sweep's numbers handed to the verdict --------------------------------------------
-
-
-def _seeds_of(results: dict, method: str, seeds=None) -> list[str]:
-    records = results["methods"][method]["seeds"]
-    if seeds is None:
-        return sorted(records, key=int)
-    missing = [s for s in map(str, seeds) if s not in records]
-    if missing:
-        raise ValueError(f"{method} has no seed {missing} in these results (has {list(records)})")
-    return [str(s) for s in seeds]
-
-
-def _rows_at(results: dict, method: str, factor: int, seeds) -> list[dict]:
-    records = results["methods"][method]["seeds"]
-    return [row_at(records[s], factor) for s in seeds]
-
-
-def _spans(rows: list[dict]):
-    """The rows' ``bpb_by_span`` (``[seeds][spans]``), or None where a row lacks it."""
-    spans = [row.get("bpb_by_span") for row in rows]
-    return None if any(s is None for s in spans) else spans
-
-
-def paired_seeds(results: dict, a: str, b: str, other: dict | None = None) -> list[str]:
-    """The seeds that method ``a`` of ``results`` and method ``b`` (of ``other``, default the
-    same results) both hold: the pairs of a paired comparison."""
-    other = results if other is None else other
-    held = [set(r["methods"][m]["seeds"]) for r, m in ((results, a), (other, b))]
-    seeds = sorted(held[0] & held[1], key=int)
-    if not seeds:
-        raise ValueError(f"{a} and {b} share no seed: {sorted(held[0])} and {sorted(held[1])}")
-    return seeds
-
-
-def method_curve(results: dict, method: str, *, seeds=None, factors=None) -> dict:
-    """:func:`curve_verdict` of ``method``'s bits per byte over the stored lengths (or
-    ``factors`` x the training length), every seed's model read at every length; the text's
-    error from the spans where the records keep them. Adds ``method`` and ``by_length``
-    (mean and interval at each length)."""
-    chosen = _seeds_of(results, method, seeds)
-    factors = factors or [r["factor"] for r in results["methods"][method]["eval"]]
-    values, by_span, by_length = {}, {}, {}
-    for factor in factors:
-        rows = _rows_at(results, method, factor, chosen)
-        length = rows[0]["length"]
-        values[length] = [r["bpb"] for r in rows]
-        by_span[length] = _spans(rows)
-        by_length[length] = interval(values[length])
-    spans = None if any(v is None for v in by_span.values()) else by_span
-    return {"method": method, "by_length": by_length, **curve_verdict(values, by_span=spans)}
-
-
-def methods_verdict(results: dict, a: str, b: str, factor: int, *, other: dict | None = None):
-    """:func:`verdict` of method ``a``'s bits per byte against ``b``'s at ``factor`` x the
-    training length: paired on their shared seeds (the same seed trains every method on the
-    same batches), the text's error from their spans. ``other``: ``b``'s results, when they
-    come from another sweep of the same text (runs still paired by seed)."""
-    other = results if other is None else other
-    seeds = paired_seeds(results, a, b, other)
-    rows_a, rows_b = _rows_at(results, a, factor, seeds), _rows_at(other, b, factor, seeds)
-    spans_a, spans_b = _spans(rows_a), _spans(rows_b)
-    err = None if spans_a is None or spans_b is None else text_error(spans_a, spans_b)
-    v = verdict([r["bpb"] for r in rows_a], [r["bpb"] for r in rows_b], paired=True, error=err)
-    return {**v, "seeds": [int(s) for s in seeds], "factor": factor}
-
-
-def context_verdict(results: dict, method: str, *, seeds=None) -> dict:
-    """Does ``method`` use the context past the training length? :func:`verdict` of the
-    per-seed context-use differences (the long window minus the sliding one on the bytes
-    past ``m_l``: :mod:`relbias.lab.context`) against 0, the text's error from the spans.
-    Adds ``words`` (:data:`CONTEXT_WORDS`), ``long`` and ``sliding`` (intervals of the two
-    readings' bits per byte) and ``stride``."""
-    chosen = _seeds_of(results, method, seeds)
-    records = results["methods"][method]["seeds"]
-    found = []
-    for s in chosen:
-        rows = [r for r in records[s]["eval"] if "context" in r]
-        if not rows:
-            raise ValueError(f"{method} seed {s} has no context-use measure in these results")
-        found.append(rows[-1]["context"])
-    v = verdict(
-        [c["difference"] for c in found],
-        error=text_error([c["difference_by_span"] for c in found]),
-    )
-    return {
-        **v,
-        "words": CONTEXT_WORDS[v["answer"]],
-        "long": interval([c["long_bpb"] for c in found]),
-        "sliding": interval([c["sliding_bpb"] for c in found]),
-        "stride": found[0]["stride"],
-        "window": found[0]["window"],
-    }
-
-
-def accuracy_verdict(results: dict, a: str, b: str, length: int, distance=None) -> dict:
-    """:func:`verdict` of method ``a``'s recall accuracy against ``b``'s at one length and
-    distance (default the farthest): paired by seed (the same seed's probe batches and the
-    same test sequences for every method), the probe's error from its test sequences."""
-    seeds = paired_seeds(results, a, b)
-    per = {}
-    for m in (a, b):
-        records = results["methods"][m]["seeds"]
-        accs = []
-        for s in seeds:
-            rows = [r for r in records[s]["eval"] if r["length"] == length]
-            if not rows:
-                raise ValueError(f"length {length} is not among {m}'s stored lengths")
-            row = (
-                rows[-1]
-                if distance is None
-                else next((r for r in rows if r["distance"] == distance), None)
-            )
-            if row is None:
-                raise ValueError(f"distance must be one of {[r['distance'] for r in rows]}")
-            accs.append(row["accuracy"])
-        per[m] = (accs, row["samples"], row["distance"])
-    err = probe_error(per[a][0], per[a][1], minus=per[b][0])
-    v = verdict(per[a][0], per[b][0], paired=True, error=err)
-    return {**v, "seeds": [int(s) for s in seeds], "length": length, "distance": per[a][2]}

@@ -27,6 +27,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from book_build import wait_for_the_build
 
 ROOT = Path(__file__).resolve().parents[2]
 BOOK = ROOT / "book"
@@ -92,6 +93,23 @@ def repository_url() -> str:
 
 NOTEBOOKS = sorted(BOOK.glob("*.ipynb"))
 NOTEBOOK_IDS = [p.stem for p in NOTEBOOKS]
+# A chapter is a lesson (book/NN_name.ipynb) and, once split, its lab notes
+# (book/NN_name_lab.ipynb, a sub-page of the lesson: ../shared/BOOK_STYLE.md).
+LABS = [p for p in NOTEBOOKS if p.stem.endswith("_lab")]
+LAB_IDS = [p.stem for p in LABS]
+LESSONS = [p for p in NOTEBOOKS if not p.stem.endswith("_lab")]
+LESSON_IDS = [p.stem for p in LESSONS]
+
+
+def lab_of(lesson: Path) -> Path:
+    return lesson.with_name(f"{lesson.stem}_lab.ipynb")
+
+
+def lesson_of(lab: Path) -> Path:
+    return lab.with_name(lab.name.replace("_lab.ipynb", ".ipynb"))
+
+
+LESSONS_WITH_LABS = [p for p in LESSONS if lab_of(p).is_file()]
 
 
 def output_text(output: dict) -> str:
@@ -135,6 +153,60 @@ def test_every_notebook_is_in_the_toc():
     assert not absent, f"notebooks in book/ missing from _toc.yml: {absent}"
 
 
+def _toc_children() -> dict:
+    """``{entry: [its sections' files]}`` of _toc.yml, and the root's chapters under the root."""
+    toc = yaml.safe_load((ROOT / "_toc.yml").read_text())
+    children = {toc["root"]: [c["file"] for c in toc.get("chapters") or [] if "file" in c]}
+
+    def walk(items):
+        for item in items or []:
+            if "file" in item:
+                children[item["file"]] = [c["file"] for c in item.get("sections") or []]
+            walk(item.get("sections"))
+
+    walk(toc.get("chapters"))
+    return children
+
+
+@pytest.mark.parametrize("path", LABS, ids=LAB_IDS)
+def test_lab_notes_are_a_sub_page_of_their_lesson(path):
+    """Lab notes sit under their lesson (the root's: its first chapter entry)."""
+    lesson = lesson_of(path)
+    assert lesson.is_file(), f"{path.name} has no lesson {lesson.name}"
+    children = _toc_children().get(lesson.relative_to(ROOT).with_suffix("").as_posix(), [])
+    lab = path.relative_to(ROOT).with_suffix("").as_posix()
+    assert lab in children[:1], f"{lab} must be the first sub-page of {lesson.name} in _toc.yml"
+
+
+@pytest.mark.parametrize("path", LESSONS_WITH_LABS, ids=lambda p: p.stem)
+def test_a_lesson_opens_with_the_answer_linked_to_its_lab_notes(path):
+    """The answer first: a box in the lesson's first three Markdown cells whose verdicts link
+    to the lab notes (a {doc} link to the page or a {ref} to one of its labels)."""
+    nb = load(path)
+    opening = "\n".join(source(c) for c in nb["cells"] if c["cell_type"] == "markdown")
+    first = "\n".join(
+        source(c) for c in [c for c in nb["cells"] if c["cell_type"] == "markdown"][:3]
+    )
+    assert re.search(r"\{(admonition|note|tip|important)\}", first), "no answer box up front"
+    lab_text = markdown(load(lab_of(path)))
+    labels = set(re.findall(r"^\(([\w-]+)\)=", lab_text, re.M))
+    refs = set(re.findall(r"\{ref\}`[^`]*?<([\w-]+)>`|\{ref\}`([\w-]+)`", first))
+    refs = {a or b for a, b in refs}
+    doc_link = lab_of(path).stem in first
+    assert doc_link or refs & labels, "the answer box links to none of the lab notes' sections"
+    assert opening  # the lesson has prose
+
+
+@pytest.mark.parametrize("path", LESSONS_WITH_LABS, ids=lambda p: p.stem)
+def test_a_lesson_hides_its_plumbing(path):
+    """The install cell and the banner run (Colab, nbval) but are not shown on the page."""
+    first, second = code_cells(load(path))[:2]
+    for cell, name in ((first, "install"), (second, "banner")):
+        tags = set(cell.get("metadata", {}).get("tags", []))
+        assert tags & {"remove-cell", "remove-input"}, f"the {name} cell is shown on the page"
+    assert "remove-cell" in second.get("metadata", {}).get("tags", []), "the banner is shown"
+
+
 def test_toc_has_no_duplicates():
     entries = [e.removesuffix(".ipynb") for e in toc_entries()]
     assert len(entries) == len(set(entries))
@@ -159,6 +231,7 @@ def test_config_essentials():
 
 def test_mathjax_is_served_by_the_book():
     """MathJax comes from node_modules (npm, package.json), copied into _static."""
+    wait_for_the_build()  # scripts/book.sh copies it: built beside the tests by test.sh
     sphinx = config()["sphinx"]["config"]
     assert not sphinx["mathjax_path"].startswith(("http:", "https:", "//"))
     static = [ROOT / p for p in sphinx["html_static_path"]]
@@ -194,7 +267,7 @@ def test_second_code_cell_picks_the_runtime(path):
     )
 
 
-@pytest.mark.parametrize("path", NOTEBOOKS, ids=NOTEBOOK_IDS)
+@pytest.mark.parametrize("path", LESSONS, ids=LESSON_IDS)
 def test_chapter_has_goals_exercises_and_solutions(path):
     text = markdown(load(path))
     assert re.search(r"^#+ .*learning goals", text, re.I | re.M), "no 'Learning goals' heading"
@@ -205,7 +278,7 @@ def test_chapter_has_goals_exercises_and_solutions(path):
     assert gated == ["solution-start", "solution-end"] * (len(gated) // 2), gated
 
 
-@pytest.mark.parametrize("path", NOTEBOOKS, ids=NOTEBOOK_IDS)
+@pytest.mark.parametrize("path", LESSONS, ids=LESSON_IDS)
 def test_chapter_has_an_explorer_and_a_static_figure(path):
     """Sliders for a live kernel, and a PNG figure for the static book."""
     nb = load(path)
@@ -218,7 +291,7 @@ def test_chapter_has_an_explorer_and_a_static_figure(path):
 
 # --- the shape of a chapter: summary, retrain exercise, captions, the book's equations ----------
 
-CHAPTERS = [p for p in NOTEBOOKS if p.name[:2].isdigit()]
+CHAPTERS = [p for p in LESSONS if p.name[:2].isdigit()]
 CHAPTER_IDS = [p.stem for p in CHAPTERS]
 # A worked solution "retrains" when one of its code cells calls one of these (the lab's
 # training entry points).

@@ -44,6 +44,7 @@ from urllib.parse import urlparse
 
 import pytest
 import yaml
+from book_build import wait_for_the_build
 
 ROOT = Path(__file__).resolve().parents[2]
 HTML = Path(os.environ.get("RELBIAS_BOOK_HTML") or ROOT / "_build" / "html")
@@ -114,6 +115,7 @@ def site_size(html: Path) -> tuple[int, int]:
 
 
 def _require_build():
+    wait_for_the_build()  # scripts/test.sh builds the book beside the tests
     if not (HTML / "index.html").is_file():
         pytest.fail(
             f"no built book in {HTML}: build it first with `bash scripts/book.sh` "

@@ -9,7 +9,7 @@ import matplotlib
 import pytest
 
 from relbias.book import sweeps
-from relbias.lab import interventions, readback, stats
+from relbias.lab import interventions, readback, readings, stats
 from relbias.lab import plots as lab_plots
 from relbias.lab.experiments import summarize_extrapolation
 
@@ -57,7 +57,7 @@ def _sweep(methods: dict) -> dict:
 
 def test_loss_within_and_past_splits_at_the_training_length():
     res = _sweep({"m": [_record(s, 2.0, 3.0, shift=0.01 * s) for s in range(3)]})
-    split = stats.loss_within_and_past(res, "m")
+    split = readings.loss_within_and_past(res, "m")
     assert split["length"] == TRAIN_LEN * 4 and split["train_len"] == TRAIN_LEN
     assert split["within"]["mean"] == pytest.approx(2.01)
     assert split["past"]["mean"] == pytest.approx(3.01)
@@ -97,13 +97,13 @@ def test_interventions_read_as_methods_and_their_paired_change():
         res, "v", ["cut", "eval_other"], labels={"v": "as trained", "cut": "cut"}
     )
     assert list(views["methods"]) == ["as trained", "cut", "v, eval_other"]
-    assert stats.at_factor(views, "cut", 1)["mean"] == pytest.approx(2.1)
-    assert stats.loss_within_and_past(views, "cut")["past"]["mean"] == pytest.approx(2.6)
+    assert readings.at_factor(views, "cut", 1)["mean"] == pytest.approx(2.1)
+    assert readings.loss_within_and_past(views, "cut")["past"]["mean"] == pytest.approx(2.6)
     # the paired change is exact though the seeds' intervals overlap
     change = interventions.paired_change(views, "cut", "as trained", 4)
     assert change["mean"] == pytest.approx(-0.375) and change["answer"] == "lower"
     seeds = [
-        [stats.row_at(rec, 4)["bpb"] for rec in views["methods"][m]["seeds"].values()]
+        [readings.row_at(rec, 4)["bpb"] for rec in views["methods"][m]["seeds"].values()]
         for m in ("cut", "as trained")
     ]
     assert stats.verdict(*seeds, paired=False)["answer"] == "cannot be told apart"
@@ -137,5 +137,5 @@ def test_bpb_table_by_length_has_one_row_per_length_and_one_column_per_run():
     rows, headers = sweeps.bpb_table_by_length({"first": (a, "m"), "second": (b, "m")})
     assert headers == ["window (bytes)", "first", "second"]
     assert [r[0] for r in rows] == ["4 (1x)", "8 (2x)", "16 (4x)"]
-    assert rows[0][1] == sweeps.show_interval(stats.at_factor(a, "m", 1))
+    assert rows[0][1] == sweeps.show_interval(readings.at_factor(a, "m", 1))
     assert rows[2][2] == "1.00 [1.00, 1.00]"

@@ -11,7 +11,7 @@ from conftest import legends_off_the_panels
 import relbias
 from relbias.book import figures as fg
 from relbias.book import plots, sweeps
-from relbias.lab import stats
+from relbias.lab import readings, stats
 from relbias.lab.results import describe
 
 
@@ -190,7 +190,7 @@ def test_curve_context_table_reads_the_context_from_its_own_sweep(monkeypatch):
         sweeps.context_sweep_steps("a", ("long",))
     rows, headers = sweeps.curve_context_table(longest, ["a"], kinds=("long", "short"))
     assert headers[-1] == "far context" and rows[0][0] == "a"
-    assert rows[0][3] == stats.method_curve(longest, "a")["answer"] == "improves"
+    assert rows[0][3] == readings.method_curve(longest, "a")["answer"] == "improves"
     assert rows[0][-1] == "reads the far bytes worse" and rows[0][-2].endswith("(7 steps)")
 
 

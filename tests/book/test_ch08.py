@@ -8,7 +8,7 @@ import matplotlib
 import pytest
 
 from relbias.book import overview, side_by_side, sweeps
-from relbias.lab import get_config, stats
+from relbias.lab import get_config, readings
 from relbias.lab import plots as lab_plots
 from relbias.lab.experiments import summarize_extrapolation
 from relbias.lab.results import only
@@ -120,7 +120,7 @@ def test_context_rows_give_the_verdict_of_each_methods_sweep():
         "rope": "reads the far bytes worse",
     }
     assert rows[0][1] == "1,000"  # the steps of the sweep each row was read on
-    assert rows[1][4] == sweeps.show_interval(stats.context_verdict(res, "rope"), 3)
+    assert rows[1][4] == sweeps.show_interval(readings.context_verdict(res, "rope"), 3)
 
 
 def test_table_2_4_curves_read_the_whole_curve():
@@ -128,7 +128,7 @@ def test_table_2_4_curves_read_the_whole_curve():
     rows, headers = side_by_side.table_2_4_curves(only(res, ["rope", "alibi"]), get_config("quick"))
     assert headers[-1] == "the whole curve"
     assert [r[0] for r in rows] == ["rope", "alibi"]
-    assert rows[0][-1] == sweeps.curve_words(stats.method_curve(res, "rope"))
+    assert rows[0][-1] == sweeps.curve_words(readings.method_curve(res, "rope"))
     assert rows[0][-1] == "degrades" and rows[1][-1] == "improves"
 
 

@@ -17,14 +17,27 @@ import matplotlib
 import pytest
 
 from relbias.book import claims
-from relbias.lab import stats
+from relbias.lab import readings
 
 matplotlib.use("Agg")
 
 BOOK = Path(__file__).resolve().parents[2] / "book"
 CHAPTERS = sorted(p for p in BOOK.glob("[0-9]*.ipynb"))
-#: Chapters whose findings rest on stored runs: each has a claims cell.
-WITH_FINDINGS = [p for p in CHAPTERS if not p.name.startswith("01")]
+
+
+def _lab_of(lesson: Path) -> Path:
+    return lesson.with_name(f"{lesson.stem}_lab.ipynb")
+
+
+#: Chapters whose findings rest on stored runs: each has one claims cell, in its lab notes
+#: (``NN_name_lab.ipynb``) where the chapter has them, else in the chapter's one page.
+WITH_FINDINGS = [
+    _lab_of(p) if _lab_of(p).is_file() else p
+    for p in CHAPTERS
+    if not p.name.startswith("01") and not p.stem.endswith("_lab")
+]
+#: Lessons with lab notes: their claims live in the lab notes, not on the lesson.
+LESSONS_WITH_LABS = [p for p in CHAPTERS if not p.stem.endswith("_lab") and _lab_of(p).is_file()]
 
 
 def _cells(path: Path) -> list[dict]:
@@ -52,6 +65,11 @@ def test_every_claim_is_the_verdict_functions(path):
     assert "claims.check(" in source, f"{path.name}: the claims cell must call claims.check"
     namespace: dict = {}
     exec(compile(source, f"{path.name}:claims", "exec"), namespace)  # raises ClaimError
+
+
+@pytest.mark.parametrize("path", LESSONS_WITH_LABS, ids=lambda p: p.stem)
+def test_a_lesson_leaves_its_claims_to_its_lab_notes(path):
+    assert not claims_cells(path), f"{path.name}: the claims cell belongs in its lab notes"
 
 
 # An ordering decided by hand: an assert comparing an interval's mean, low or high end.
@@ -85,7 +103,7 @@ def test_the_lint_finds_hand_orderings():
 
 # --- the claims module itself ----------------------------------------------------------------
 def _sweep():
-    from relbias.lab.stats import summarize_extrapolation
+    from relbias.lab.summaries import summarize_extrapolation
 
     def record(bpbs, seed):
         rows = [
@@ -128,4 +146,4 @@ def test_check_returns_the_verdicts_and_names_every_wrong_claim():
 def test_paired_claims_and_their_answers():
     assert claims.paired("d", [0.1, 0.2, 0.15], None, "higher").holds
     assert not claims.paired("d", [0.1, -0.2, 0.15], None, "higher").holds
-    assert set(stats.CONTEXT_WORDS.values()) >= {"uses the far context"}
+    assert set(readings.CONTEXT_WORDS.values()) >= {"uses the far context"}

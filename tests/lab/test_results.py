@@ -47,7 +47,7 @@ def test_compact_drops_only_per_step_losses_and_per_seed_positions():
 def test_compact_keeps_each_seeds_loss_within_and_past_the_training_length():
     """A compact copy replaces a seed's loss by position (past the training length) with the
     two means a chapter reads, and loss_within_and_past gives the same from either."""
-    from relbias.lab.stats import loss_within_and_past
+    from relbias.lab.readings import loss_within_and_past
 
     full = _sweep()
     train_len = full["provenance"]["config"]["train_len"]

@@ -1,12 +1,12 @@
-"""Intervals over seeds: the t quantile (SciPy's), the t-interval, levelling off (the verdict
-itself: test_verdict.py)."""
+"""Intervals over seeds: the t quantile (SciPy's), the t-interval, the one "levelled off" rule
+(the verdict itself: test_verdict.py)."""
 
 import math
 
 import pytest
 from scipy import stats as scipy_stats
 
-from relbias.lab.stats import interval, levelled_off, t_quantile, verdict
+from relbias.lab.stats import interval, last_fifth_fall, levelled_verdict, t_quantile, verdict
 
 # Two-sided 95 % quantiles of Student's t from printed tables (e.g. NIST/SEMATECH).
 TABLE_95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 10: 2.228, 30: 2.042}
@@ -51,8 +51,10 @@ def test_one_seed_has_no_interval_and_separates_nothing():
         (lambda: interval([1.0, float("nan")]), "finite"),
         (lambda: interval([1.0, 2.0], confidence=1.5), "confidence"),
         (lambda: t_quantile(0.95, 0), "df"),
-        (lambda: levelled_off([{"step": 1, "bpb": 2.0}]), "two points"),
-        (lambda: levelled_off([], fraction=2), "fraction"),
+        (lambda: last_fifth_fall([{"step": 1, "bpb": 2.0}]), "two points"),
+        (lambda: last_fifth_fall([], fraction=2), "fraction"),
+        (lambda: levelled_verdict([]), "drops"),
+        (lambda: levelled_verdict([0.1, float("nan")]), "drops"),
     ],
 )
 def test_bad_input_names_the_parameter(call, match):
@@ -60,9 +62,30 @@ def test_bad_input_names_the_parameter(call, match):
         call()
 
 
-def test_levelled_off():
+def test_last_fifth_fall():
     flat = [{"step": s, "bpb": 2.0 + 1.0 / s} for s in range(100, 3001, 100)]
     falling = [{"step": s, "bpb": 5.0 - s / 1000} for s in range(100, 3001, 100)]
-    assert levelled_off(flat)["levelled"]
-    result = levelled_off(falling)
-    assert not result["levelled"] and result["drop"] == pytest.approx(0.6, abs=0.05)
+    assert last_fifth_fall(flat)["drop"] == pytest.approx(1 / 2400 - 1 / 3000)
+    result = last_fifth_fall(falling)
+    assert result["drop"] == pytest.approx(0.6, abs=0.05) and result["to_step"] == 3000
+    assert "levelled" not in result  # one run's fall decides nothing by itself
+
+
+def test_levelled_verdict_is_the_verdict_of_the_falls_against_zero():
+    falling = levelled_verdict([0.05, 0.04, 0.06])
+    assert falling["words"] == "still improving" and falling["levelled_off"] is False
+    assert falling["seeds"] == 3 and falling["largest_drop"] == pytest.approx(0.06)
+    assert falling == {**falling, **verdict([-0.05, -0.04, -0.06])}
+    flat = levelled_verdict([0.01, -0.012, 0.003])
+    assert flat["words"] == "levels off" and flat["levelled_off"] is True
+    rising = levelled_verdict([-0.05, -0.04, -0.06])
+    assert rising["words"] == "rising again" and rising["levelled_off"] is False
+    one = levelled_verdict([0.001])
+    assert one["words"] == "one seed" and one["levelled_off"] is None
+
+
+def test_no_threshold_in_bits():
+    """Falls of a few hundredths of a bit, all below the old 0.02-bit threshold, are still
+    improving when every seed falls alike; large falls that disagree in sign are not."""
+    assert levelled_verdict([0.011, 0.013, 0.018])["words"] == "still improving"
+    assert levelled_verdict([0.3, -0.25, 0.1])["words"] == "levels off"

@@ -10,8 +10,9 @@ import matplotlib
 import pytest
 
 from relbias.book import sweeps
-from relbias.lab import plots, readback, results, stats
-from relbias.lab.stats import interval, summarize_extrapolation, summarize_retrieval
+from relbias.lab import plots, readback, readings, results, stats
+from relbias.lab.stats import interval
+from relbias.lab.summaries import summarize_extrapolation, summarize_retrieval
 
 matplotlib.use("Agg")
 
@@ -69,13 +70,13 @@ def test_methods_verdict_is_paired_by_seed():
             "noisy": [[0.5, 1.0, 1.0], [2.5, 1.0, 1.0], [1.5, 1.0, 1.0]],
         }
     )
-    assert stats.methods_verdict(res, "low", "high", 1)["answer"] == "lower"
-    assert stats.methods_verdict(res, "high", "low", 1)["answer"] == "higher"
-    assert stats.methods_verdict(res, "noisy", "low", 1)["answer"] == "cannot be told apart"
-    v = stats.methods_verdict(res, "low", "high", 1)
+    assert readings.methods_verdict(res, "low", "high", 1)["answer"] == "lower"
+    assert readings.methods_verdict(res, "high", "low", 1)["answer"] == "higher"
+    assert readings.methods_verdict(res, "noisy", "low", 1)["answer"] == "cannot be told apart"
+    v = readings.methods_verdict(res, "low", "high", 1)
     assert v["paired"] and v["seeds"] == [0, 1, 2] and v["error"] is None  # no spans kept
     other = _results({"low": [[3.0, 3.0, 3.0], [3.01, 3.0, 3.0], [2.99, 3.0, 3.0]]})
-    assert stats.methods_verdict(res, "low", "low", 1, other=other)["answer"] == "lower"
+    assert readings.methods_verdict(res, "low", "low", 1, other=other)["answer"] == "lower"
 
 
 def test_methods_verdict_agrees_with_the_paired_t_test_over_random_sweeps():
@@ -84,7 +85,7 @@ def test_methods_verdict_agrees_with_the_paired_t_test_over_random_sweeps():
     rng = random.Random(0)
     for _ in range(200):
         per = {m: [[rng.gauss(mu, 0.3)] * 3 for _ in range(3)] for m, mu in (("a", 0), ("b", 0.5))}
-        v = stats.methods_verdict(_results(per), "a", "b", 1)
+        v = readings.methods_verdict(_results(per), "a", "b", 1)
         a, b = [s[0] for s in per["a"]], [s[0] for s in per["b"]]
         p = scipy_stats.ttest_rel(a, b).pvalue
         assert (v["answer"] in ("lower", "higher")) == (p < 0.05)
@@ -101,13 +102,13 @@ def test_method_curve_reads_the_per_seed_changes():
         stats.verdict([s[0] for s in seeds], [s[2] for s in seeds], paired=False)["answer"]
         == "cannot be told apart"
     )
-    curve = stats.method_curve(res, "m")
+    curve = readings.method_curve(res, "m")
     assert curve["answer"] == "degrades" and list(curve["by_length"]) == [16, 32, 64]
     assert {(c["start"], c["end"]) for c in curve["rises"]} == {(16, 32), (16, 64), (32, 64)}
     better = _results({"m": [[1.5, 1.2, 1.0], [2.5, 2.2, 2.01], [3.5, 3.2, 2.99]]})
-    assert stats.method_curve(better, "m")["answer"] == "improves"
+    assert readings.method_curve(better, "m")["answer"] == "improves"
     mixed = _results({"m": [[1.0, 1.0, 1.3], [1.0, 1.0, 0.7], [1.0, 1.0, 1.05]]})
-    assert stats.method_curve(mixed, "m")["answer"] == "cannot be told apart"
+    assert readings.method_curve(mixed, "m")["answer"] == "cannot be told apart"
 
 
 def test_table_describe_levelled_and_figure():
@@ -127,8 +128,8 @@ def test_table_describe_levelled_and_figure():
         "eval_kb": 128,
         "files": 20,
     }
-    lev = stats.levelled(res, "a")
-    assert lev["seeds"] == 3 and lev["levelled"] == 0 and lev["largest_drop"] > 0.19
+    lev = readings.levelled(res, "a")
+    assert lev["seeds"] == 3 and lev["levelled_off"] is False and lev["largest_drop"] > 0.19
     assert lev["answer"] == "lower" and lev["words"] == "still improving"
     fig = plots.plot_sweep(res, ["a", "b"])
     assert len(fig.axes) == 2
@@ -154,17 +155,17 @@ def test_accuracy_table_clips_the_interval_to_probabilities():
     low, high = rows[0][1].split("[")[1].rstrip("]").split(", ")
     assert float(low) == 0.0 and float(high) == 1.0
     assert len(plots.plot_probe(res, ["alibi"]).axes) == 1
-    far = stats.accuracy_at(res, "alibi", 64)
+    far = readings.accuracy_at(res, "alibi", 64)
     assert far["distance"] == 9 and far["low"] == 0.0 and far["high"] == 1.0
-    same = stats.accuracy_verdict(res, "alibi", "alibi", 64)
+    same = readings.accuracy_verdict(res, "alibi", "alibi", 64)
     assert same["answer"] == "cannot be told apart" and same["distance"] == 9
     with pytest.raises(ValueError, match="distance must be one of"):
-        stats.accuracy_at(res, "alibi", 64, 5)
+        readings.accuracy_at(res, "alibi", 64, 5)
     with pytest.raises(ValueError, match="length 128"):
         sweeps.accuracy_table(res, ["alibi"], 128)
-    assert stats.probe_lengths(res) == [64]
-    assert stats.far_accuracy(res, ["alibi"]) == {"alibi": {64: far}}
-    rows, headers = sweeps.far_accuracy_table(stats.far_accuracy(res, ["alibi"]))
+    assert readings.probe_lengths(res) == [64]
+    assert readings.far_accuracy(res, ["alibi"]) == {"alibi": {64: far}}
+    rows, headers = sweeps.far_accuracy_table(readings.far_accuracy(res, ["alibi"]))
     assert headers == ["method", "64 tokens, d = 9"]
     assert rows == [["alibi", sweeps.show_interval(far)]]
     with pytest.raises(ValueError, match="far must hold at least one method"):
@@ -178,18 +179,18 @@ def test_bad_input_is_named():
     with pytest.raises(ValueError, match=r"methods \['zz'\] are not in the results"):
         results.only(res, ["zz"])
     with pytest.raises(ValueError, match="factor must be one of"):
-        stats.methods_verdict(res, "a", "a", 3)
+        readings.methods_verdict(res, "a", "a", 3)
 
 
 def test_spread_by_step_follows_the_validation_curves():
     res = _results({"a": [[1.0, 1.0, 1.0]] * 3, "b": [[2.0, 2.0, 2.0]] * 3})
     # _record's curves: 3.0 - step/1000 + 0.01 * seed, the same for both methods
-    rows = stats.spread_by_step(res, ["a", "b"])
+    rows = readings.spread_by_step(res, ["a", "b"])
     assert [r["step"] for r in rows] == [0, 250, 500, 750, 1000]
     assert all(r["spread"] == pytest.approx(0.0) for r in rows)
     assert rows[-1]["means"]["a"] == pytest.approx(2.01)
     with pytest.raises(ValueError, match="no validation curve"):
-        stats.spread_by_step({"methods": {"a": {"seeds": {"0": {"train": {}}}}}}, ["a"])
+        readings.spread_by_step({"methods": {"a": {"seeds": {"0": {"train": {}}}}}}, ["a"])
 
 
 def test_gap_by_step_follows_one_method_against_the_mean_of_others():
@@ -198,13 +199,13 @@ def test_gap_by_step_follows_one_method_against_the_mean_of_others():
     for record in res["methods"]["c"]["seeds"].values():
         for point in record["train"]["val_curve"]:
             point["bpb"] += 0.3 * (1 - point["step"] / 1000)
-    gap = stats.gap_by_step(res, "c", ["a", "b", "c"])
+    gap = readings.gap_by_step(res, "c", ["a", "b", "c"])
     assert list(gap) == [0, 250, 500, 750, 1000]
     assert [round(g, 6) for g in gap.values()] == [0.3, 0.225, 0.15, 0.075, 0.0]
-    assert stats.gap_by_step(res, "a", ["b"]) == pytest.approx(dict.fromkeys(gap, 0.0))
-    assert stats.nearest_step(gap, 600) == 500 and stats.nearest_step(gap, 5000) == 1000
+    assert readings.gap_by_step(res, "a", ["b"]) == pytest.approx(dict.fromkeys(gap, 0.0))
+    assert readings.nearest_step(gap, 600) == 500 and readings.nearest_step(gap, 5000) == 1000
     with pytest.raises(ValueError, match="others must hold a method besides 'a'"):
-        stats.gap_by_step(res, "a", ["a"])
+        readings.gap_by_step(res, "a", ["a"])
 
 
 def test_combine_joins_sweeps_of_one_configuration_only():
@@ -266,7 +267,9 @@ def test_pool_seeds_recomputes_the_interval_over_every_seed():
     assert pooled["seeds"] == [0, 1, 2, 3] and len(pooled["parts"]) == 2
     whole = _results({"a": rows})
     for f in FACTORS:
-        assert stats.at_factor(pooled, "a", f) == pytest.approx(stats.at_factor(whole, "a", f))
+        assert readings.at_factor(pooled, "a", f) == pytest.approx(
+            readings.at_factor(whole, "a", f)
+        )
     assert pooled["provenance"]["wall_s"] == 1200.0
     with pytest.raises(ValueError, match="share seeds"):
         results.pool_seeds(_results({"a": rows[:2]}), _results({"a": rows[2:]}))
@@ -300,7 +303,9 @@ def test_join_parts_combines_a_split_sitting_and_pools_later_seeds():
     whole = _results({"a": rows, "b": rows})
     for m in ("a", "b"):
         for f in FACTORS:
-            assert stats.at_factor(joined, m, f) == pytest.approx(stats.at_factor(whole, m, f))
+            assert readings.at_factor(joined, m, f) == pytest.approx(
+                readings.at_factor(whole, m, f)
+            )
     assert [p["seeds"] for p in joined["parts"]] == [[0, 1], [0, 1], [2], [2]]
     assert joined["provenance"]["wall_s"] == 4 * 600.0
     assert results.join_parts([first_a]) is first_a
@@ -317,13 +322,13 @@ def test_join_parts_lets_methods_stand_on_different_seeds():
     assert joined["seeds"] == [0, 1, 2]
     assert results.seed_count(joined, "a") == 3 and results.seed_count(joined, "b") == 1
     for f in FACTORS:
-        assert stats.at_factor(joined, "a", f) == pytest.approx(
-            stats.at_factor(_results({"a": rows}), "a", f)
+        assert readings.at_factor(joined, "a", f) == pytest.approx(
+            readings.at_factor(_results({"a": rows}), "a", f)
         )
-    one = stats.at_factor(joined, "b", 1)
+    one = readings.at_factor(joined, "b", 1)
     assert one["n"] == 1 and math.isnan(one["low"])
     assert sweeps.show_interval(one) == "1.00 (one seed)"
-    assert stats.method_curve(joined, "b")["answer"] == "one seed"
+    assert readings.method_curve(joined, "b")["answer"] == "one seed"
     assert results.only(joined, ["b"])["seeds"] == [0]
     with pytest.raises(ValueError, match=r"method 'a' holds seeds \[1\] in more than one file"):
         results.join_parts([_results({"a": rows[1:2]}, 1), _results({"a": rows[1:]}, 1)])
@@ -362,7 +367,7 @@ def test_longer_training_compares_the_shared_seeds_of_each_method():
         ),
         5000,
     )
-    out = stats.longer_training(short, longer, ["a", "b"])
+    out = readings.longer_training(short, longer, ["a", "b"])
     assert out["steps"] == [1000, 5000] and out["end"] == 4
     a, b = out["methods"]["a"], out["methods"]["b"]
     assert a["seeds"] == [0, 1] and b["seeds"] == [0]
@@ -370,7 +375,8 @@ def test_longer_training_compares_the_shared_seeds_of_each_method():
     assert a["short_end"] == interval([2.4, 2.6]) and a["longer_end"] == interval([1.7, 1.9])
     assert b["longer_1x"]["mean"] == 2.5 and b["longer_1x"]["n"] == 1
     # the test curves fall 0.2 bits over their last fifth: not levelled
-    assert a["levelled"] == 0 and a["runs"] == 2 and a["drop"] == pytest.approx(0.25)
+    assert a["levelled_off"] is False and a["words"] == "still improving"
+    assert a["runs"] == 2 and a["drop"] == pytest.approx(0.25)
     fig = plots.plot_longer_training(short, longer, [["a"], ["b"]])
     assert len(fig.axes) == 2 and len(fig.axes[0].get_lines()) == 2
     # the solid line is the mean of the two seeds' curves
@@ -379,12 +385,12 @@ def test_longer_training_compares_the_shared_seeds_of_each_method():
     assert list(ys) == pytest.approx([(p["bpb"] + q["bpb"]) / 2 for p, q in zip(*curves)])
     assert fig.axes[0].get_legend().get_texts()[0].get_text() == "a (2 seeds)"
     with pytest.raises(ValueError, match="more steps"):
-        stats.longer_training(longer, short, ["a"])
+        readings.longer_training(longer, short, ["a"])
     wider = {**longer, "provenance": {"config": {"train_len": 32, "steps": 5000}}}
     with pytest.raises(ValueError, match=r"differ in \['steps', 'train_len'\]"):
-        stats.longer_training(short, wider, ["a"])
+        readings.longer_training(short, wider, ["a"])
     with pytest.raises(ValueError, match="share no seed"):
-        stats.longer_training(short, _longer(_results({"a": [[1.0] * 3]}, 7), 5000), ["a"])
+        readings.longer_training(short, _longer(_results({"a": [[1.0] * 3]}, 7), 5000), ["a"])
 
 
 @pytest.mark.parametrize("kind", list(results.STORED))

@@ -14,7 +14,7 @@ import random
 import pytest
 from scipy import stats as scipy_stats
 
-from relbias.lab import stats
+from relbias.lab import readings
 from relbias.lab.stats import (
     ANSWERS,
     CURVE_ANSWERS,
@@ -91,7 +91,7 @@ def test_equal_differences_are_a_point_not_nan():
 def test_every_answer_is_named():
     for answer in ("lower", "higher", "at the edge", "cannot be told apart", "one seed"):
         assert answer in ANSWERS
-    assert set(stats.CONTEXT_WORDS) == set(ANSWERS)
+    assert set(readings.CONTEXT_WORDS) == set(ANSWERS)
 
 
 # --- the evaluation's own sampling error -----------------------------------------------------

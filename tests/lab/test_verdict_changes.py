@@ -6,7 +6,7 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
-from relbias.lab.stats import summarize_extrapolation
+from relbias.lab.summaries import summarize_extrapolation
 
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "verdict_changes.py"
 

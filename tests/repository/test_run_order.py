@@ -50,3 +50,18 @@ def test_the_stored_durations_name_files_that_exist():
         f"refresh tests/durations.json (scripts/test.sh --store-durations): {missing}"
     )
     assert all(s >= 0 for s in seconds.values())
+
+
+def test_the_files_that_read_the_build_wait_for_its_headstart(tmp_path, monkeypatch):
+    """The browser test goes out after BUILD_HEADSTART_S seconds of longer files, so that the
+    book's build, run beside the tests, has ended when it starts."""
+    browser = "tests/book/test_browser.py"
+    seconds = {"book/a.ipynb": 300.0, "book/b.ipynb": 200.0, browser: 100.0, "tests/c.py": 50.0}
+    (tmp_path / "durations.json").write_text(json.dumps(seconds))
+    monkeypatch.setattr(conftest, "DURATIONS", tmp_path / "durations.json")
+    collected = ["tests/c.py", browser, "book/a.ipynb", "book/b.ipynb"]
+    items = [SimpleNamespace(nodeid=f"{f}::t") for f in collected]
+    conftest.pytest_collection_modifyitems(None, items)
+    files = [i.nodeid.split("::")[0] for i in items]
+    assert files == ["book/a.ipynb", "book/b.ipynb", browser, "tests/c.py"]
+    assert conftest.BUILD_HEADSTART_S <= 300.0 + 200.0
