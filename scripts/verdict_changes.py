@@ -3,7 +3,8 @@
 Before, a chapter read a method's extrapolation from its two ends (the per-seed change from
 1x to 16x: "degrades", "improves" or "neither") and ordered two methods, or two probe
 accuracies, by whether their intervals over seeds overlapped. Now every verdict goes
-through :func:`relbias.lab.stats.verdict`: whole curves (:func:`~relbias.lab.readings.method_curve`),
+through :func:`relbias.lab.stats.verdict`: whole curves
+(:func:`~relbias.lab.readings.method_curve`),
 paired by seed where runs share seeds (:func:`~relbias.lab.readings.methods_verdict`,
 :func:`~relbias.lab.readings.accuracy_verdict`), with "at the edge" where the gap is below the
 evaluation's own sampling error. This script applies both rules to every stored sweep and
