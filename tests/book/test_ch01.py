@@ -95,3 +95,82 @@ def test_context_reading_draws_both_readings_per_model_and_the_training_length()
 def test_context_reading_refuses_rows_without_the_measure():
     with pytest.raises(ValueError, match="no context-use measure"):
         plot_context_reading({"old": {"loss_by_position": [1.0, 2.0]}})
+
+
+# --- chapter 1's readings of trained models (relbias.book.introduction) ---------------------
+
+
+def _tiny(position="alibi", train_len=8):
+    from relbias.lab.model import TinyLM
+
+    torch.manual_seed(0)
+    return TinyLM(256, dim=16, depth=2, heads=4, position=position, train_len=train_len)
+
+
+def test_far_attention_share_is_a_weight_per_layer_and_head():
+    from relbias.book.introduction import far_attention_share
+
+    model = _tiny()
+    idx = torch.randint(0, 256, (2, 32))
+    share = far_attention_share(model, idx, 8)
+    assert share.shape == (2, 4)
+    assert bool(((share >= 0) & (share <= 1)).all())
+    # ALiBi's steepest head (slope 1/4) gives keys 8 or more back almost nothing, its
+    # flattest (1/256) a good part of its weight
+    assert float(share[:, 0].max()) < 0.2 and float(share[:, -1].min()) > 0.3
+    with pytest.raises(ValueError, match="length"):
+        far_attention_share(model, idx[:, :8], 8)
+
+
+def test_far_attention_share_matches_a_hand_computation():
+    from relbias.book.introduction import far_attention_share
+
+    model = _tiny(position="nope")
+    model.blocks = model.blocks[:1]  # one layer: its input is the embedding's LayerNorm
+    idx = torch.randint(0, 256, (1, 12))
+    share = far_attention_share(model, idx, 4)
+    with torch.no_grad():
+        block = model.blocks[0]
+        h = block.norm1(model.embed(idx))
+        q, k, _ = block.attn.qkv(h).view(1, 12, 3, 4, 4).permute(2, 0, 3, 1, 4)
+        scores = q @ k.transpose(-2, -1) / 2 + torch.full((12, 12), float("-inf")).triu(1)
+        alpha = scores.softmax(-1)[0]  # [heads, 12, 12]
+        far = (torch.arange(12)[:, None] - torch.arange(12)[None, :]) >= 4
+        expect = (alpha * far).sum(-1)[:, 4:].mean(-1)
+    torch.testing.assert_close(share[0], expect)
+
+
+def test_held_out_windows_and_the_library_number_label():
+    from relbias.book.introduction import LIBRARY_NUMBER, held_out_windows, label_library_number
+
+    windows = held_out_windows(torch.arange(100), 3, 20)
+    assert windows.shape == (3, 20) and windows[1, 0] == 20
+    with pytest.raises(ValueError, match="need more"):
+        held_out_windows(torch.arange(10), 2, 8)
+    fig = plot_bias_gallery(_gallery_biases(), q_len=6)
+    label_library_number(fig)
+    assert fig.axes[-1].get_ylabel().startswith(LIBRARY_NUMBER) and "√d" in LIBRARY_NUMBER
+    from relbias.book.plots import plot_bias_by_offset
+
+    fig = plot_bias_by_offset(relbias.ALiBi(2), 8)
+    label_library_number(fig, what="y axis")
+    assert fig.axes[0].get_ylabel() == LIBRARY_NUMBER
+    with pytest.raises(ValueError, match="what"):
+        label_library_number(fig, what="title")
+
+
+def test_uniform_far_share_by_hand_and_as_a_model_with_flat_scores_reads_it():
+    from relbias.book.introduction import far_attention_share, uniform_far_share
+
+    # queries 2 and 3 of a 4-byte window: 1 of 3 and 2 of 4 keys at least 2 back
+    assert abs(uniform_far_share(4, 2) - (1 / 3 + 2 / 4) / 2) < 1e-12
+    with pytest.raises(ValueError, match="train_len"):
+        uniform_far_share(4, 4)
+    model = _tiny(position="nope")
+    for block in model.blocks:  # zero queries: every score equal, attention uniform
+        with torch.no_grad():
+            block.attn.qkv.weight[:16].zero_()
+            if block.attn.qkv.bias is not None:
+                block.attn.qkv.bias[:16].zero_()
+    share = far_attention_share(model, torch.randint(0, 256, (1, 24)), 8)
+    torch.testing.assert_close(share, torch.full_like(share, uniform_far_share(24, 8)))

@@ -139,3 +139,32 @@ def test_bpb_table_by_length_has_one_row_per_length_and_one_column_per_run():
     assert [r[0] for r in rows] == ["4 (1x)", "8 (2x)", "16 (4x)"]
     assert rows[0][1] == sweeps.show_interval(readings.at_factor(a, "m", 1))
     assert rows[2][2] == "1.00 [1.00, 1.00]"
+
+
+def test_stored_tables_are_drawn_after_the_scaling_on_one_scale():
+    from relbias.book import offset_table
+
+    a = _sweep({"offset": [_record(s, 2.0, 3.0, edge=0.2 + 0.1 * s) for s in range(2)]})
+    b = _sweep({"offset": [_record(s, 2.0, 3.0, edge=2.0) for s in range(2)]})
+    table = offset_table.stored_table(a, "offset", 1)
+    assert table.shape == (2, 8) and float(table[0, -1]) == pytest.approx(0.3)
+    for fig in (
+        offset_table.plot_stored_tables({"a": a, "b": b}),
+        offset_table.plot_stored_seeds(a),
+    ):
+        axes = [ax for ax in fig.axes if ax.lines]
+        assert len(axes) == 2
+        assert all(ax.get_ylabel() == offset_table.Y_LABEL for ax in axes)
+        assert "√d" in offset_table.Y_LABEL  # the library's number, PE(i, j)/sqrt(d)
+        assert axes[0].get_ylim() == axes[1].get_ylim()  # one scale for the compared panels
+        # two heads and the dashed line at the last trained offset m_l - 1
+        assert any(list(line.get_xdata()) == [TRAIN_LEN - 1] * 2 for line in axes[0].lines)
+
+
+def test_edge_rows_read_every_head_of_every_seed():
+    from relbias.book import offset_table
+
+    res = _sweep({"offset": [_record(s, 2.0, 3.0, edge=0.2 + 0.1 * s) for s in range(2)]})
+    rows, headers = offset_table.edge_rows({"short": res}, digits=2)
+    assert headers[0] == "trained" and len(rows) == 1
+    assert rows[0] == ["short", "1.20 to 1.30", "0.20 to 0.30", "4 of 4"]

@@ -34,7 +34,7 @@ def _lab_of(lesson: Path) -> Path:
 WITH_FINDINGS = [
     _lab_of(p) if _lab_of(p).is_file() else p
     for p in CHAPTERS
-    if not p.name.startswith("01") and not p.stem.endswith("_lab")
+    if not p.stem.endswith("_lab") and (_lab_of(p).is_file() or not p.name.startswith("01"))
 ]
 #: Lessons with lab notes: their claims live in the lab notes, not on the lesson.
 LESSONS_WITH_LABS = [p for p in CHAPTERS if not p.stem.endswith("_lab") and _lab_of(p).is_file()]

@@ -1,0 +1,182 @@
+"""Chapter 2's readings of the learned offset table (one bias per offset, clipped).
+
+- :func:`stored_table`: one stored seed's learned table, read back at the end of training
+  (the records' ``learned_bias``: the library's number, PE(i, j)/sqrt(d), per head, offsets
+  0 to 2 m_l - 1);
+- :func:`plot_stored_tables`: those tables for several training budgets, one panel each, on
+  one y scale, labelled in the book's notation;
+- :func:`plot_stored_seeds`: one stored sweep's tables, one panel per seed;
+- :func:`edge_rows`: the clipped edge against the table's minimum and largest value, over
+  every head of every seed, for each budget;
+- :func:`context_rows`: the context-use measure of a sweep that records it, per method;
+- :func:`provenance_rows`: the stored sweeps a page reads, their files and commits;
+- :func:`lab_setting_box`: the setting box for the lab notes (whose live demo is on the
+  lesson's page).
+"""
+
+from __future__ import annotations
+
+import torch
+from IPython.display import Markdown
+from IPython.display import display as _display
+
+from relbias.book.plots import plot_bias_by_offset
+from relbias.book.setting import setting_text
+from relbias.book.sweeps import show_interval
+from relbias.lab import readback, readings
+
+__all__ = [
+    "Y_LABEL",
+    "context_rows",
+    "edge_rows",
+    "lab_setting_box",
+    "plot_stored_seeds",
+    "plot_stored_tables",
+    "provenance_rows",
+    "stored_table",
+]
+
+#: The y label of a figure that shows the library's number (the bias after the scaling).
+Y_LABEL = "PE(i, j)/√d (the library's number)"
+
+
+def stored_table(results: dict, method: str = "offset", seed: int | str = 0) -> torch.Tensor:
+    """``[heads, offsets]``: ``method``'s learned table of seed ``seed`` as the record read
+    it back after training (offsets 0 onwards; the library's number, PE(i, j)/sqrt(d))."""
+    record = results["methods"][method]["seeds"][str(seed)]
+    return torch.tensor(record["learned_bias"]["values"])
+
+
+def plot_stored_tables(
+    runs: dict, method: str = "offset", seed: int | str = 0, *, width=3.6, height=2.9
+):
+    """``runs`` is ``{title: results}``: one panel per entry with ``method``'s learned table
+    of ``seed`` (one line per head), on one y scale, a dashed line at the last trained
+    offset m_l - 1 (every farther offset reads its value). Returns the Figure."""
+    tables = {title: stored_table(r, method, seed) for title, r in runs.items()}
+    return _plot_tables(tables, _train_len(runs.values()), width=width, height=height)
+
+
+def plot_stored_seeds(results: dict, method: str = "offset", seeds=None, *, width=3.2, height=2.9):
+    """One panel per seed of ``results`` (all, or ``seeds``): ``method``'s learned table of
+    that seed, as :func:`plot_stored_tables` draws it. Returns the Figure."""
+    held = sorted(results["methods"][method]["seeds"], key=int)
+    seeds = held if seeds is None else [str(s) for s in seeds]
+    tables = {f"seed {s}": stored_table(results, method, s) for s in seeds}
+    return _plot_tables(tables, _train_len([results]), width=width, height=height)
+
+
+def _train_len(runs) -> int:
+    train_lens = {r["provenance"]["config"]["train_len"] for r in runs}
+    if len(train_lens) != 1:
+        raise ValueError(f"runs must share one training length, got {sorted(train_lens)}")
+    return train_lens.pop()
+
+
+def _plot_tables(tables: dict, train_len: int, *, width: float, height: float):
+    low = min(float(t.min()) for t in tables.values())
+    high = max(float(t.max()) for t in tables.values())
+    pad = 0.05 * (high - low)
+    fig = plot_bias_by_offset(
+        tables,
+        mark=[train_len - 1],
+        ylim=(low - pad, high + pad),
+        width=width,
+        height=height,
+        ncols=len(tables),
+    )
+    for ax in fig.axes:
+        if ax.lines:
+            ax.set_ylabel(Y_LABEL, fontsize=8)
+            ax.set_xlabel("offset i - j (bytes)")
+    return fig
+
+
+def edge_rows(runs: dict, method: str = "offset", *, digits: int = 1):
+    """Rows and headers of a table, one row per entry of ``runs`` (``{label: results}``):
+    how far the clipped edge u_{m_l-1} sits above the table's minimum and below its largest
+    value (ranges over every head of every seed: read-back values, the library's number),
+    and in how many heads it lies above the minimum
+    (:func:`relbias.lab.readback.edge_above_min`)."""
+    rows = []
+    for label, results in runs.items():
+        e = readback.edge_above_min(results, method)
+        low, high = e["below_max"]
+        rows.append(
+            [
+                label,
+                f"{e['least']:.{digits}f} to {e['most']:.{digits}f}",
+                f"{-high:.{digits}f} to {-low:.{digits}f}",
+                f"{e['above']} of {e['heads']}",
+            ]
+        )
+    headers = [
+        "trained",
+        "edge above the minimum",
+        "edge below the largest value",
+        "heads with the edge above the minimum",
+    ]
+    return rows, headers
+
+
+def context_rows(results: dict, methods, *, digits: int = 2):
+    """Rows and headers: per method, the bytes past m_l read in the whole window (``long``)
+    and by the sliding window of m_l bytes, their per-seed difference (mean [95 % interval])
+    and its verdict in the book's words (:func:`relbias.lab.readings.context_verdict`)."""
+    rows = []
+    for m in methods:
+        v = readings.context_verdict(results, m)
+        rows.append(
+            [
+                m,
+                show_interval(v["long"], digits),
+                show_interval(v["sliding"], digits),
+                show_interval(v, digits),
+                v["words"],
+            ]
+        )
+    headers = ["method", "whole window", "sliding window", "whole - sliding", "verdict"]
+    return rows, headers
+
+
+def lab_setting_box(config, findings) -> None:
+    """The setting box (:func:`relbias.book.setting.setting_text`) for a chapter's lab notes:
+    the live demo it names is on the lesson's page, not below."""
+    text = setting_text(config, findings)
+    if "the live demo below" not in text:
+        raise ValueError("the setting box no longer names 'the live demo below'")
+    _display(Markdown(text.replace("the live demo below", "the lesson's live demo")))
+
+
+def provenance_rows(kinds, methods):
+    """Rows and headers of a table, one row per stored sweep of ``kinds`` (keys of
+    :data:`relbias.lab.results.STORED`): the files that hold ``methods`` (a sweep stored in
+    several files keeps each file's seeds, methods and commit), their training steps, m_l,
+    seeds and the commits that ran them."""
+    from relbias.lab.results import STORED, describe, load_stored
+
+    rows = []
+    for kind in kinds:
+        results = load_stored(kind)
+        info = describe(results)
+        files = STORED[kind] if isinstance(STORED[kind], tuple) else (STORED[kind],)
+        files = [f if isinstance(f, str) else f[0] for f in files]
+        parts = results.get("parts")
+        if parts is None:
+            parts = [{"commit": results["provenance"]["commit"], "methods": list(methods)}]
+        if len(parts) != len(files):
+            raise ValueError(f"{kind}: {len(files)} files but {len(parts)} parts")
+        held = [(f, p) for f, p in zip(files, parts) if set(p["methods"]) & set(methods)]
+        steps = info.get("probe_steps", info["steps"])
+        rows.append(
+            [
+                kind,
+                ", ".join(f"{f}.json" for f, _ in held),
+                f"{steps:,}",
+                info["train_len"],
+                info["seeds"],
+                ", ".join(dict.fromkeys(p["commit"][:7] for _, p in held)),
+            ]
+        )
+    headers = ["stored sweep", "files (relbias/lab/results)", "steps", "m_l", "seeds", "commits"]
+    return rows, headers
