@@ -45,3 +45,33 @@ def test_plot_t5_far_end_draws_both_runs_and_a_full_legend():
     assert left.get_title() == "3,000 steps, seed 0" and "bytes" in left.get_xlabel()
     names = [t.get_text() for t in fig.legends[0].get_texts()]
     assert names == ["head 0", "head 1", "as trained", "far buckets set to the minimum"]
+
+
+def test_exact_bucket_is_the_reference_away_from_whole_logarithms():
+    import torch
+
+    from relbias import t5_bucket
+    from relbias.book import t5_buckets as tb
+
+    offsets = torch.arange(0, 1025)
+    for n_b, dist_max in ((31, 128), (3, 5), (15, 256)):
+        ref = t5_bucket(offsets, num_buckets=n_b + 1, max_distance=dist_max, bidirectional=False)
+        exact = tb.exact_bucket(offsets, n_b, dist_max)
+        off = (exact != ref).nonzero().flatten().tolist()
+        assert all(tb.whole_at(o, n_b, dist_max) for o in off)
+    # n_b = 31, dist_max = 256, offset 64: the scaled logarithm is exactly 8
+    assert tb.whole_at(64, 31, 256) and not tb.whole_at(65, 31, 256)
+    assert int(tb.exact_bucket(torch.tensor([64]), 31, 256)) == 24
+    assert tb.literal_bucket(64, 31, 256) == 23  # double precision lands a hair below 8
+    assert tb.literal_bucket(20, 32, 1024) == 16.5  # even n_b: no parameter
+
+
+def test_bucket_sides_leave_the_first_future_bucket_unused():
+    from relbias.book import t5_buckets as tb
+
+    sides = tb.bucket_sides(num_buckets=32, max_distance=128)
+    assert sides["unused"] == [16]
+    assert sides["past"]["own"] == list(range(8))
+    assert sides["future"]["own"] == [-1, -2, -3, -4, -5, -6, -7]
+    check = tb.formula_against_reference([31], [128])
+    assert check["configurations"] == 1 and not check["literal_off"] and not check["exact_off"]

@@ -223,3 +223,34 @@ def test_stored_once_reads_each_sweep_once(monkeypatch):
     monkeypatch.setattr(sweeps, "load_stored", load)
     assert sweeps.stored_once("x") is sweeps.stored_once("x")
     assert sweeps.stored_once("y") == {"kind": "y"} and calls == ["x", "y"]
+
+
+# --- the mechanism on trained models (relbias.book.heuristic_attention) -------------------------
+
+
+def test_attention_by_offset_is_a_distribution_and_matches_the_formula_without_content():
+    """With the query-key weights at zero every head attends by its bias alone: the reading
+    by offset sums to 1 per head and equals the content-free share of the formula."""
+    from relbias.book import heuristic_attention as ha
+    from relbias.lab.config import get_config
+    from relbias.lab.training import build_model
+
+    cfg = get_config("quick").replace(train_len=16)
+    model = build_model("alibi", cfg).eval()
+    with torch.no_grad():
+        for block in model.blocks:
+            block.attn.qkv.weight[: 2 * cfg.dim].zero_()  # q = k = 0: no content score
+    idx = torch.randint(0, 256, (2, 64), generator=torch.Generator().manual_seed(0))
+    reading = ha.attention_by_offset(model, idx, 32)
+    assert reading.shape == (cfg.depth, cfg.heads, 64)
+    torch.testing.assert_close(reading.sum(-1), torch.ones(cfg.depth, cfg.heads).double())
+    alone = ha.content_free_share(relbias.ALiBi(cfg.heads), 64, 32, 16)
+    torch.testing.assert_close(ha.far_share(reading, 16)[0], alone)
+
+
+def test_label_after_scaling_names_the_librarys_number():
+    from relbias.book import heuristic_attention as ha
+
+    fig = ha.label_after_scaling(plots.plot_bias_matrix(relbias.ALiBi(2), 6, title="x"))
+    assert "PE(i, j)/√d" in [ax.get_ylabel() for ax in fig.axes]
+    assert all(ax.get_ylabel() != "PE(i, j)" for ax in fig.axes)

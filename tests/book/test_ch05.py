@@ -38,3 +38,61 @@ def test_plot_kerple_settings_labels_each_setting_and_keeps_legends_off():
     ys = fig.axes[0].get_lines()[-1].get_ydata()
     assert math.isclose(float(ys[-1]), -0.002 * 64**2, rel_tol=1e-5)
     assert legends_off_the_panels(fig)
+
+
+def test_head_parameters_give_back_a_kerple_read_back():
+    """(r1, r2) read back from a bias table give the same table, and the formula past it."""
+    from relbias.book import kerple_heads as kh
+
+    r1, r2 = [0.3, 0.02, 1.2], [1.7, 0.05, 1.0]
+    power = relbias.KerplePower(3, r1_init=r1, r2_init=r2)
+    log = relbias.KerpleLog(3, r1_init=r1, r2_init=r2)
+    for bias, form in ((power, "power"), (log, "log")):
+        with torch.no_grad():
+            table = bias.offset_table(0, 255).double()
+            far = bias.offset_table(0, 2044)[:, [124, 508, 2044]].double()
+        got1, got2 = kh.head_parameters(table, form)
+        torch.testing.assert_close(got1, torch.tensor(r1, dtype=torch.float64), rtol=1e-4, atol=0)
+        torch.testing.assert_close(got2, torch.tensor(r2, dtype=torch.float64), rtol=1e-4, atol=0)
+        torch.testing.assert_close(
+            kh.penalty_at(got1, got2, form, [124, 508, 2044]), -far, rtol=1e-4, atol=1e-6
+        )
+    with pytest.raises(ValueError, match="power"):
+        kh.head_parameters(table, "cubic")
+
+
+def test_stored_heads_refuses_a_read_back_of_another_form():
+    from relbias.book import kerple_heads as kh
+
+    with torch.no_grad():
+        values = relbias.KerpleLog(2, r1_init=[1.0, 2.0], r2_init=[0.5, 0.1]).offset_table(0, 63)
+    results = {
+        "methods": {"kerple_power": {"seeds": {"0": {"learned_bias": {"values": values.tolist()}}}}}
+    }
+    with pytest.raises(ValueError, match="not a power-form bias"):
+        kh.stored_heads(results, "kerple_power")
+    results["methods"]["kerple_log"] = results["methods"].pop("kerple_power")
+    r1, r2 = kh.stored_heads(results, "kerple_log")["0"]
+    torch.testing.assert_close(r2, torch.tensor([0.5, 0.1], dtype=torch.float64), rtol=1e-4, atol=0)
+
+
+def test_penalty_table_and_plot():
+    from relbias.book import kerple_heads as kh
+
+    pen = {
+        "kerple_power": {"0": torch.tensor([[0.05, 0.06], [100.0, 900.0]])},
+        "kerple_log": {"0": torch.tensor([[1.0, 2.0], [3.0, 4.0]])},
+        "alibi": {"0": torch.tensor([[8.0, 32.0]])},
+    }
+    rows = kh.penalty_table(pen, {"0": 0})
+    assert rows[0] == ["power: each model's flattest head", "0.05 to 0.05", "0.06 to 0.06"]
+    assert rows[1][1:] == ["100 to 100", "900 to 900"] and rows[2][1:] == ["1 to 3", "2 to 4"]
+    heads = {
+        "power form": ("power", {"0": (torch.tensor([0.1]), torch.tensor([1.5]))}),
+        "ALiBi": ("power", {"every seed": (torch.tensor([0.25]), torch.tensor([1.0]))}),
+    }
+    fig = kh.plot_penalties(heads, (124, 508), trained=128, level=5)
+    assert len(fig.axes) == 2 and [t.get_text() for t in fig.legends[0].get_texts()] == [
+        "seed 0",
+        "every seed",
+    ]
