@@ -163,8 +163,9 @@ def plot_learned_tables(ablation: dict, longer: dict, **kw):
 
 
 def provenance(kind: str) -> str:
-    """One line of Markdown naming a stored sweep's files, seeds, steps and commits, and how
-    to read it (:func:`relbias.lab.results.load_stored`)."""
+    """One line of plain text giving a stored sweep's files, seeds, steps and commits, and how
+    to read it (:func:`relbias.lab.results.load_stored`). Plain: an inline ``{glue:md}`` role
+    renders neither code spans nor maths."""
     from relbias.lab.results import STORED, describe, load_stored
 
     names = STORED[kind] if isinstance(STORED[kind], tuple) else (STORED[kind],)
@@ -172,10 +173,11 @@ def provenance(kind: str) -> str:
     info = describe(load_stored(kind))
     steps = f"{info.get('probe_steps', info['steps']):,}"
     return (
-        f'`load_stored("{kind}")`: {info["seeds"]} seeds, {steps} steps, '
-        f"$m_l$ = {info['train_len']} bytes; stored in "
-        + ", ".join(f"`{f}.json`" for f in files)
-        + f" (`relbias/lab/results/`), made at commit{'s' if ',' in info['commit'] else ''} "
+        f'load_stored("{kind}"): {info["seeds"]} seeds, {steps} steps, '
+        f"training length {info['train_len']} bytes; stored in {len(files)} "
+        + ("file" if len(files) == 1 else "files")
+        + " of relbias/lab/results/ (named in relbias.lab.results.STORED), made at "
+        + f"commit{'s' if ',' in info['commit'] else ''} "
         + info["commit"]
     )
 
