@@ -12,7 +12,13 @@ from __future__ import annotations
 import math
 
 from relbias.book.display import glue, show_table
-from relbias.lab.readings import accuracy_at, at_factor, context_verdict, method_curve
+from relbias.lab.readings import (
+    accuracy_at,
+    at_factor,
+    context_verdict,
+    method_curve,
+    seed_accuracies,
+)
 from relbias.lab.results import describe, load_stored, seed_count
 from relbias.lab.stats import probe_error
 
@@ -308,23 +314,8 @@ def curve_context_table(results: dict, methods, *, digits: int = 2, kinds=TEXT_S
 def probe_accuracies(results: dict, method: str, length: int, distance: int | None = None):
     """``method``'s recall accuracy in windows of ``length`` tokens at ``distance`` (default
     the farthest), one number per seed (seeds in order): ``(values, samples, distance)``,
-    ``samples`` the test sequences per seed."""
-    records = results["methods"][method]["seeds"]
-    values, samples, found = [], None, None
-    for s in sorted(records, key=int):
-        rows = [r for r in records[s]["eval"] if r["length"] == length]
-        if not rows:
-            raise ValueError(f"length {length} is not among {method}'s stored lengths")
-        row = (
-            rows[-1]
-            if distance is None
-            else next((r for r in rows if r["distance"] == distance), None)
-        )
-        if row is None:
-            raise ValueError(f"distance must be one of {[r['distance'] for r in rows]}")
-        values.append(row["accuracy"])
-        samples, found = row["samples"], row["distance"]
-    return values, samples, found
+    ``samples`` the test sequences per seed (:func:`relbias.lab.readings.seed_accuracies`)."""
+    return seed_accuracies(results, method, length, distance)
 
 
 def distance_pair(results: dict, method: str, length: int, far: int | None, near: int):

@@ -2,7 +2,8 @@
 length, its training curves, and its comparisons handed to the one verdict function.
 
 - :func:`row_at`, :func:`at_factor`, :func:`accuracy_at`, :func:`probe_lengths`,
-  :func:`far_accuracy`, :func:`loss_within_and_past`: numbers of a summary;
+  :func:`far_accuracy`, :func:`seed_accuracies`, :func:`loss_within_and_past`: numbers of a
+  summary;
 - :func:`levelled` (the one "levelled off" rule, :func:`relbias.lab.stats.levelled_verdict`),
   :func:`spread_by_step`, :func:`gap_by_step`, :func:`longer_training`: training curves and
   longer training;
@@ -298,28 +299,34 @@ def context_verdict(results: dict, method: str, *, seeds=None) -> dict:
     }
 
 
+def seed_accuracies(results: dict, method: str, length: int, distance=None, seeds=None):
+    """``method``'s recall accuracy in windows of ``length`` at ``distance`` (default the
+    farthest), one number per seed (all in order, or ``seeds``): ``(values, samples,
+    distance)``, ``samples`` the test sequences per seed."""
+    records = results["methods"][method]["seeds"]
+    values, samples, found = [], None, None
+    for s in sorted(records, key=int) if seeds is None else seeds:
+        rows = [r for r in records[s]["eval"] if r["length"] == length]
+        if not rows:
+            raise ValueError(f"length {length} is not among {method}'s stored lengths")
+        row = (
+            rows[-1]
+            if distance is None
+            else next((r for r in rows if r["distance"] == distance), None)
+        )
+        if row is None:
+            raise ValueError(f"distance must be one of {[r['distance'] for r in rows]}")
+        values.append(row["accuracy"])
+        samples, found = row["samples"], row["distance"]
+    return values, samples, found
+
+
 def accuracy_verdict(results: dict, a: str, b: str, length: int, distance=None) -> dict:
     """:func:`verdict` of method ``a``'s recall accuracy against ``b``'s at one length and
     distance (default the farthest): paired by seed (the same seed's probe batches and the
     same test sequences for every method), the probe's error from its test sequences."""
     seeds = paired_seeds(results, a, b)
-    per = {}
-    for m in (a, b):
-        records = results["methods"][m]["seeds"]
-        accs = []
-        for s in seeds:
-            rows = [r for r in records[s]["eval"] if r["length"] == length]
-            if not rows:
-                raise ValueError(f"length {length} is not among {m}'s stored lengths")
-            row = (
-                rows[-1]
-                if distance is None
-                else next((r for r in rows if r["distance"] == distance), None)
-            )
-            if row is None:
-                raise ValueError(f"distance must be one of {[r['distance'] for r in rows]}")
-            accs.append(row["accuracy"])
-        per[m] = (accs, row["samples"], row["distance"])
+    per = {m: seed_accuracies(results, m, length, distance, seeds) for m in (a, b)}
     err = probe_error(per[a][0], per[a][1], minus=per[b][0])
     v = verdict(per[a][0], per[b][0], paired=True, error=err)
     return {**v, "seeds": [int(s) for s in seeds], "length": length, "distance": per[a][2]}
