@@ -124,8 +124,10 @@ def eval_by_length(
     long reading minus the sliding one, in bits per token (below 0: the far context helps).
 
     Returns a dict: ``unit``, ``window``, ``stride``, ``spans``, and ``by_length``, one entry
-    per length with ``length``, ``bits`` (per ``unit``), ``tokens`` (scored), ``bytes``
-    (for ``unit="byte"``), and ``context_use`` (None at lengths ``<= window``).
+    per length with ``length``, ``bits`` (per ``unit``), ``bits_by_span`` (the same, span by
+    span: the text's own sampling error, :func:`relbias.lab.stats.text_error`), ``tokens``
+    (scored), ``bytes`` (for ``unit="byte"``), and ``context_use`` (None at lengths
+    ``<= window``).
     """
     unit = check_choice("unit", unit, set(UNITS))
     lengths = _check_lengths(lengths)
@@ -165,11 +167,16 @@ def eval_by_length(
             x, y, _ = spread_eval_windows(ids, length, spans * lengths[-1], span_len=lengths[-1])
             bits = span_loss(forward, x, y, batch_size=batch_size)  # [windows, length]
             entry = {"length": length, "tokens": int(bits.numel())}
+            per_span = bits.reshape(spans, -1)  # the windows of each span, in order
             if sizes is None:
                 entry["bits"] = float(bits.mean())
+                by_span = per_span.mean(1)
             else:
+                span_bytes = sizes[y].reshape(spans, -1).sum(1).clamp(min=1)
                 entry["bytes"] = int(sizes[y].sum())
                 entry["bits"] = float(bits.sum()) / max(entry["bytes"], 1)
+                by_span = per_span.sum(1) / span_bytes
+            entry["bits_by_span"] = [round(float(v), 5) for v in by_span]
             if unit == "byte" and sizes is None:
                 entry["bytes"] = entry["tokens"]
             entry["context_use"] = None

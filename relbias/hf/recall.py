@@ -1,0 +1,290 @@
+"""Far recall and far precision for any causal LM, through its own tokenizer.
+
+The probes of :mod:`relbias.lab.probe` write bytes; a user's model reads its tokenizer's ids.
+This module writes the same kind of task in any vocabulary, so a checkpoint the user already
+has can be asked whether it recalls a fact from far back, and whether it still tells a fact
+``d`` tokens back from one a little farther:
+
+- a **statement** sets a key (two uppercase letters) to a digit: the ids of ``" QX="`` then
+  the digit's id;
+- a **query** asks for it: the ids of ``" QX?"``; the answer is the next token, the digit;
+- ``"recall"``: one statement of the asked key, its digit ``distance`` tokens before the
+  position that predicts the answer (the query's last token), and ``distractors`` statements
+  of other keys anywhere in the sequence;
+- ``"latest"``: the asked key is set twice, to different digits: the newer statement
+  ``distance`` back, the older ``distance + gap`` back (``gap``: default ``distance // 4``);
+  the answer is the newer digit. A model that cannot tell the two offsets apart is right
+  about half of the time; one that ignores both, a tenth.
+
+Everything else in a sequence is real text (``filler``: the token ids of held-out text), so
+the model reads the task inside text of the kind it was trained on.
+
+:func:`probe_accuracy` scores a model: the digit with the highest logit among the ten, at the
+query's last position, is its answer. :func:`training_sequence` writes the same items, several
+per sequence, into training text (a base model is trained on them within its training
+length, so that recall past it can be read after a retrofit).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from relbias._checks import check_choice, check_int
+
+__all__ = [
+    "TASKS",
+    "ProbeVocabulary",
+    "probe_accuracy",
+    "probe_batch",
+    "training_sequence",
+]
+
+TASKS = ("recall", "latest")
+_LETTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
+
+
+class ProbeVocabulary:
+    """The probe's pieces in one tokenizer's ids: a statement prefix and a query per key,
+    and the ten digits (each must be one token).
+
+    ``encode``: ``str -> list[int]`` without special tokens (e.g. ``lambda s:
+    tokenizer.encode(s, add_special_tokens=False)``); ``keys``: how many two-letter keys
+    (``AA``, ``AB``, ...; at most 676)."""
+
+    def __init__(self, encode, *, keys: int = 64):
+        if not callable(encode):
+            raise TypeError(f"encode must be a callable str -> list[int], got {type(encode)}")
+        keys = check_int("keys", keys, minimum=3)
+        if keys > len(_LETTERS) ** 2:
+            raise ValueError(f"keys must be at most {len(_LETTERS) ** 2}, got {keys}")
+        digits = []
+        for v in range(10):
+            ids = list(encode(str(v)))
+            if len(ids) != 1:
+                raise ValueError(
+                    f"the probe needs every digit to be one token; this tokenizer encodes "
+                    f"{str(v)!r} as {ids}"
+                )
+            digits.append(ids[0])
+        self.digits = torch.tensor(digits)
+        names = [a + b for a in _LETTERS for b in _LETTERS]
+        step = len(names) // keys  # spread over the alphabet, not AA..CL
+        self.names = names[::step][:keys]
+        self.statements = [list(encode(f" {k}=")) for k in self.names]
+        self.queries = [list(encode(f" {k}?")) for k in self.names]
+        if any(not ids for ids in self.statements + self.queries):
+            raise ValueError("encode returned no ids for a key")
+        self.query_len = max(len(q) for q in self.queries)
+        self.statement_len = max(len(s) for s in self.statements) + 1
+
+    def min_distance(self) -> int:
+        """The nearest answer a query can ask for (the statement's digit just before it)."""
+        return self.query_len
+
+
+def _filler(filler: torch.Tensor, length: int, gen: torch.Generator) -> torch.Tensor:
+    if filler.dim() != 1 or filler.numel() <= length:
+        raise ValueError(
+            f"filler must be a 1-D tensor of token ids longer than the sequence ({length}), "
+            f"got shape {tuple(filler.shape)}"
+        )
+    start = int(torch.randint(filler.numel() - length, (1,), generator=gen))
+    return filler[start : start + length].clone().long()
+
+
+def _free(taken: torch.Tensor, start: int, length: int) -> bool:
+    return (
+        start >= 0 and start + length <= taken.numel() and not taken[start : start + length].any()
+    )
+
+
+def _put(row, taken, start: int, ids) -> None:
+    row[start : start + len(ids)] = torch.as_tensor(ids)
+    taken[start : start + len(ids)] = True
+
+
+def _other_digit(gen, *avoid) -> int:
+    while True:
+        v = int(torch.randint(10, (1,), generator=gen))
+        if v not in avoid:
+            return v
+
+
+def _place_item(row, taken, vocab, *, task, end, distance, gap, gen) -> int | None:
+    """Write one query ending at ``end`` (the position that predicts the answer) and its
+    statements; return the key's index, or None (writing nothing) where a place is taken."""
+    key = int(torch.randint(len(vocab.names), (1,), generator=gen))
+    query, prefix = vocab.queries[key], vocab.statements[key]
+    value = int(torch.randint(10, (1,), generator=gen))
+    spots = [(end - len(query) + 1, query), (end - distance - len(prefix), prefix)]
+    if task == "latest":
+        older = _other_digit(gen, value)
+        spots.append((end - distance - gap - len(prefix), [*prefix, int(vocab.digits[older])]))
+    spots[1] = (spots[1][0], [*prefix, int(vocab.digits[value])])
+    if not all(_free(taken, s, len(ids)) for s, ids in spots):
+        return None
+    for s, ids in spots:
+        _put(row, taken, s, ids)
+    return key
+
+
+def probe_batch(
+    vocab: ProbeVocabulary,
+    filler: torch.Tensor,
+    *,
+    count: int,
+    distance: int,
+    task: str = "recall",
+    gap: int | None = None,
+    distractors: int = 2,
+    seq_len: int | None = None,
+    generator: torch.Generator,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``count`` test sequences: the query at the end, its answer ``distance`` tokens back.
+
+    ``seq_len`` defaults to the shortest that holds the items (a few tokens of text before the
+    farthest statement). Returns ``(input_ids [count, seq_len], answers [count])``: the answer
+    digit (0-9) of each sequence, predicted at its last position."""
+    task = check_choice("task", task, set(TASKS))
+    count = check_int("count", count, minimum=1)
+    distance = check_int("distance", distance, minimum=vocab.min_distance())
+    distractors = check_int("distractors", distractors, minimum=0)
+    gap = max(1, distance // 4) if gap is None else check_int("gap", gap, minimum=1)
+    reach = distance + vocab.statement_len + (gap + vocab.statement_len if task == "latest" else 0)
+    seq_len = reach + 8 if seq_len is None else check_int("seq_len", seq_len, minimum=reach + 1)
+    rows, answers = [], []
+    for _ in range(count):
+        row = _filler(filler, seq_len, generator)
+        taken = torch.zeros(seq_len, dtype=torch.bool)
+        key = _place_item(
+            row, taken, vocab, task=task, end=seq_len - 1, distance=distance, gap=gap, gen=generator
+        )
+        if key is None:  # pragma: no cover - the first item always fits (seq_len > reach)
+            raise RuntimeError("the probe's item did not fit")
+        answer = vocab.digits.tolist().index(int(row[seq_len - 1 - distance]))
+        for _ in range(distractors):
+            _distractor(row, taken, vocab, key, answer, generator)
+        rows.append(row)
+        answers.append(answer)
+    return torch.stack(rows), torch.tensor(answers)
+
+
+def _distractor(row, taken, vocab, asked: int, answer, gen, tries: int = 50) -> None:
+    """A statement of another key than ``asked`` (another digit) anywhere free in ``row``."""
+    for _ in range(tries):
+        key = int(torch.randint(len(vocab.names), (1,), generator=gen))
+        if key == asked:
+            continue
+        ids = [*vocab.statements[key], int(vocab.digits[_other_digit(gen, answer)])]
+        start = int(torch.randint(max(1, row.numel() - len(ids)), (1,), generator=gen))
+        if _free(taken, start, len(ids)):
+            _put(row, taken, start, ids)
+            return
+
+
+def training_sequence(
+    vocab: ProbeVocabulary,
+    text: torch.Tensor,
+    *,
+    items: int,
+    generator: torch.Generator,
+    max_distance: int | None = None,
+) -> torch.Tensor:
+    """``text`` (a 1-D window of token ids, copied) with up to ``items`` probe items written
+    into it: each a query and its statement(s), task ``recall`` or ``latest`` at random, the
+    distance uniform from the nearest to ``max_distance`` (default: what the window allows).
+    Items that do not fit beside the earlier ones are skipped."""
+    items = check_int("items", items, minimum=0)
+    row = text.clone().long()
+    n = row.numel()
+    taken = torch.zeros(n, dtype=torch.bool)
+    low = vocab.min_distance()
+    high = n - 2 * vocab.statement_len - 2 if max_distance is None else max_distance
+    if high < low:
+        raise ValueError(f"a window of {n} tokens holds no probe item")
+    for _ in range(items):
+        task = TASKS[int(torch.randint(2, (1,), generator=generator))]
+        distance = int(torch.randint(low, high + 1, (1,), generator=generator))
+        gap = max(1, distance // 4)
+        reach = distance + vocab.statement_len + (gap + vocab.statement_len) * (task == "latest")
+        if reach >= n:
+            continue
+        end = int(torch.randint(reach, n, (1,), generator=generator))
+        # the answer follows the query: the digit is the next token after ``end``
+        if end + 1 >= n or taken[end + 1]:
+            continue
+        taken[end + 1] = True
+        key = _place_item(
+            row, taken, vocab, task=task, end=end, distance=distance, gap=gap, gen=generator
+        )
+        if key is None:
+            taken[end + 1] = False
+        else:
+            row[end + 1] = row[end - distance]
+    return row
+
+
+@torch.no_grad()
+def probe_accuracy(
+    model,
+    vocab: ProbeVocabulary,
+    filler: torch.Tensor,
+    distances,
+    *,
+    task: str = "recall",
+    samples: int = 64,
+    seed: int = 1234,
+    batch_size: int = 16,
+    **batch_options,
+) -> list[dict]:
+    """Accuracy of ``model`` (a transformers causal LM, or a callable ``ids -> logits``) at
+    each distance: the share of ``samples`` sequences whose answer digit has the highest
+    logit of the ten digits at the last position. Rows: ``task``, ``distance``, ``length``
+    (the sequences' tokens), ``accuracy``, ``samples``."""
+    from relbias.hf.evaluation import _forward_of
+
+    samples = check_int("samples", samples, minimum=1)
+    forward = _forward_of(model)
+    was_training = isinstance(model, torch.nn.Module) and model.training
+    if isinstance(model, torch.nn.Module):
+        model.eval()
+    device = _device_of(model)
+    gen = torch.Generator().manual_seed(seed)
+    rows = []
+    try:
+        for distance in distances:
+            x, answers = probe_batch(
+                vocab,
+                filler,
+                count=samples,
+                distance=distance,
+                task=task,
+                generator=gen,
+                **batch_options,
+            )
+            correct = 0
+            for start in range(0, samples, batch_size):
+                logits = forward(x[start : start + batch_size].to(device))[:, -1]
+                pred = logits[:, vocab.digits.to(logits.device)].argmax(-1).cpu()
+                correct += int((pred == answers[start : start + batch_size]).sum())
+            rows.append(
+                {
+                    "task": task,
+                    "distance": int(distance),
+                    "length": int(x.shape[1]),
+                    "accuracy": correct / samples,
+                    "samples": samples,
+                }
+            )
+    finally:
+        if was_training:
+            model.train()
+    return rows
+
+
+def _device_of(model) -> torch.device:
+    if isinstance(model, torch.nn.Module):
+        first = next(model.parameters(), None)
+        if first is not None:
+            return first.device
+    return torch.device("cpu")
