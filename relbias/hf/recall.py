@@ -12,8 +12,8 @@ has can be asked whether it recalls a fact from far back, and whether it still t
   position that predicts the answer (the query's last token), and ``distractors`` statements
   of other keys anywhere in the sequence;
 - ``"latest"``: the asked key is set twice, to different digits: the newer statement
-  ``distance`` back, the older ``distance + gap`` back (``gap``: default ``distance // 4``);
-  the answer is the newer digit. A model that cannot tell the two offsets apart is right
+  ``distance`` back, the older ``distance + gap`` back (``gap``: by default ``distance // 4``,
+  at least a statement's length); the answer is the newer digit. A model that cannot tell the two offsets apart is right
   about half of the time; one that ignores both, a tenth.
 
 Everything else in a sequence is real text (``filler``: the token ids of held-out text), so
@@ -110,10 +110,14 @@ def _other_digit(gen, *avoid) -> int:
             return v
 
 
-def _place_item(row, taken, vocab, *, task, end, distance, gap, gen) -> int | None:
+def _place_item(row, taken, vocab, *, task, end, distance, gap, gen, used=()) -> int | None:
     """Write one query ending at ``end`` (the position that predicts the answer) and its
-    statements; return the key's index, or None (writing nothing) where a place is taken."""
-    key = int(torch.randint(len(vocab.names), (1,), generator=gen))
+    statements, of a key not in ``used``; return the key's index, or None (writing nothing)
+    where a place is taken."""
+    while True:
+        key = int(torch.randint(len(vocab.names), (1,), generator=gen))
+        if key not in used:
+            break
     query, prefix = vocab.queries[key], vocab.statements[key]
     value = int(torch.randint(10, (1,), generator=gen))
     spots = [(end - len(query) + 1, query), (end - distance - len(prefix), prefix)]
@@ -121,8 +125,11 @@ def _place_item(row, taken, vocab, *, task, end, distance, gap, gen) -> int | No
         older = _other_digit(gen, value)
         spots.append((end - distance - gap - len(prefix), [*prefix, int(vocab.digits[older])]))
     spots[1] = (spots[1][0], [*prefix, int(vocab.digits[value])])
-    if not all(_free(taken, s, len(ids)) for s, ids in spots):
-        return None
+    trial = taken.clone()  # the item's own pieces must not overlap either
+    for s, ids in spots:
+        if not _free(trial, s, len(ids)):
+            return None
+        trial[s : s + len(ids)] = True
     for s, ids in spots:
         _put(row, taken, s, ids)
     return key
@@ -149,7 +156,8 @@ def probe_batch(
     count = check_int("count", count, minimum=1)
     distance = check_int("distance", distance, minimum=vocab.min_distance())
     distractors = check_int("distractors", distractors, minimum=0)
-    gap = max(1, distance // 4) if gap is None else check_int("gap", gap, minimum=1)
+    least = vocab.statement_len  # the two statements of "latest" must not overlap
+    gap = max(least, distance // 4) if gap is None else check_int("gap", gap, minimum=least)
     reach = distance + vocab.statement_len + (gap + vocab.statement_len if task == "latest" else 0)
     seq_len = reach + 8 if seq_len is None else check_int("seq_len", seq_len, minimum=reach + 1)
     rows, answers = [], []
@@ -193,7 +201,9 @@ def training_sequence(
     """``text`` (a 1-D window of token ids, copied) with up to ``items`` probe items written
     into it: each a query and its statement(s), task ``recall`` or ``latest`` at random, the
     distance uniform from the nearest to ``max_distance`` (default: what the window allows).
-    Items that do not fit beside the earlier ones are skipped."""
+    Each item asks a key of its own (no other item sets it), so every query's answer is the
+    newest statement of its key before it. Items that do not fit beside the earlier ones are
+    skipped."""
     items = check_int("items", items, minimum=0)
     row = text.clone().long()
     n = row.numel()
@@ -202,10 +212,13 @@ def training_sequence(
     high = n - 2 * vocab.statement_len - 2 if max_distance is None else max_distance
     if high < low:
         raise ValueError(f"a window of {n} tokens holds no probe item")
+    if items > len(vocab.names):
+        raise ValueError(f"items must be at most the number of keys ({len(vocab.names)})")
+    used: set[int] = set()  # one item per key: no statement of another item in between
     for _ in range(items):
         task = TASKS[int(torch.randint(2, (1,), generator=generator))]
         distance = int(torch.randint(low, high + 1, (1,), generator=generator))
-        gap = max(1, distance // 4)
+        gap = max(vocab.statement_len, distance // 4)
         reach = distance + vocab.statement_len + (gap + vocab.statement_len) * (task == "latest")
         if reach >= n:
             continue
@@ -215,11 +228,20 @@ def training_sequence(
             continue
         taken[end + 1] = True
         key = _place_item(
-            row, taken, vocab, task=task, end=end, distance=distance, gap=gap, gen=generator
+            row,
+            taken,
+            vocab,
+            task=task,
+            end=end,
+            distance=distance,
+            gap=gap,
+            gen=generator,
+            used=used,
         )
         if key is None:
             taken[end + 1] = False
         else:
+            used.add(key)
             row[end + 1] = row[end - distance]
     return row
 

@@ -1,0 +1,137 @@
+"""Read the stored retrofit study (:mod:`relbias.hf.retrofit_study`) through the lab's one
+verdict function (:func:`relbias.lab.stats.verdict`), paired on the base's seed.
+
+- :func:`load_runs`: every stored run, ``{(option, seed): record}`` (``option`` ``"base"``
+  for the pretrained bases);
+- :func:`option_rows`: one row per option and stage (zero-shot, fine-tuned) with every
+  reading of the decision table: the cost at ``m_l`` against the base, the whole curve to
+  ``16 m_l``, the loss at ``16 m_l`` against the control, the context-use measure, far recall
+  and far "latest" precision against chance, parameters added, and the fine-tune steps to
+  return to the base's loss at ``m_l``.
+
+Errors: the text's own sampling error from the bits per span (:func:`relbias.lab.stats.
+text_error`), the probe's from its sample count (:func:`relbias.lab.stats.probe_error`).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+
+from relbias.lab.stats import curve_verdict, probe_error, text_error, verdict
+
+__all__ = [
+    "RECALL_CHANCE",
+    "LATEST_CHANCE",
+    "load_runs",
+    "option_rows",
+    "recovery_steps",
+    "seeds_of",
+]
+
+#: Chance on the recall probe (one of ten digits) and on "latest" (one of the two set).
+RECALL_CHANCE = 0.1
+LATEST_CHANCE = 0.5
+STAGES = ("zero_shot", "fine_tuned")
+
+
+def load_runs(folder=None) -> dict:
+    """Every stored run of the study in ``folder`` (default: the repository's)."""
+    from relbias.hf.retrofit_study import FOLDER
+
+    folder = Path(folder) if folder is not None else FOLDER
+    runs = {}
+    for path in sorted((folder / "runs").glob("*.json")):
+        record = json.loads(path.read_text())
+        runs[(record["option"], record["seed"])] = record
+    if not runs:
+        raise FileNotFoundError(f"no stored runs in {folder / 'runs'}")
+    return runs
+
+
+def seeds_of(runs: dict, option: str) -> list[int]:
+    """The seeds ``option`` was run on (sorted)."""
+    return sorted(seed for (o, seed) in runs if o == option)
+
+
+def reading(runs: dict, option: str, seed: int, stage: str) -> dict:
+    """One model's reading: the base's for ``"base"`` and for the control's zero shot."""
+    if option == "base" or (option == "control" and stage == "zero_shot"):
+        return runs[("base", seed)]["reading"]
+    return runs[(option, seed)][stage]
+
+
+def _at(read: dict, length: int) -> dict:
+    return next(e for e in read["by_length"]["by_length"] if e["length"] == length)
+
+
+def _far_accuracy(read: dict, task: str, train_len: int) -> float:
+    rows = [r for r in read[task] if r["distance"] > train_len]
+    return statistics.fmean(r["accuracy"] for r in rows)
+
+
+def recovery_steps(record: dict, base_bpb: float) -> int | None:
+    """The first fine-tune step at which the loss at ``m_l`` is at or below the base's
+    (``None``: not within the fine-tune)."""
+    for point in record["fine_tune"]["recovery"]:
+        if point["bpb"] <= base_bpb:
+            return point["step"]
+    return None
+
+
+def option_rows(runs: dict) -> list[dict]:
+    """One row per option and stage; each row's verdicts paired on the base's seeds."""
+    study = runs[("base", seeds_of(runs, "base")[0])]["study"]
+    m_l, longest = study["train_len"], study["lengths"][-1]
+    samples = study["probe_samples"]
+    options = list(dict.fromkeys(o for (o, _) in runs if o != "base"))
+    rows = []
+    for option in options:
+        seeds = seeds_of(runs, option)
+        base = [reading(runs, "base", s, "zero_shot") for s in seeds]
+        control_ft = [reading(runs, "control", s, "fine_tuned") for s in seeds]
+        for stage in STAGES:
+            reads = [reading(runs, option, s, stage) for s in seeds]
+            row = {"option": option, "stage": stage, "seeds": seeds}
+            row["params_added"] = runs[(option, seeds[0])]["parameters_added"]
+            row["bits"] = {n: [_at(r, n)["bits"] for r in reads] for n in study["lengths"]}
+            by_span = {n: [_at(r, n)["bits_by_span"] for r in reads] for n in study["lengths"]}
+            base_near = [_at(r, m_l) for r in base]
+            row["near_cost"] = verdict(
+                row["bits"][m_l],
+                [e["bits"] for e in base_near],
+                paired=True,
+                error=text_error(by_span[m_l], [e["bits_by_span"] for e in base_near]),
+            )
+            row["curve"] = curve_verdict(row["bits"], by_span=by_span)
+            far_control = [_at(r, longest) for r in control_ft]
+            row["far_vs_control"] = verdict(
+                row["bits"][longest],
+                [e["bits"] for e in far_control],
+                paired=True,
+                error=text_error(by_span[longest], [e["bits_by_span"] for e in far_control]),
+            )
+            uses = [_at(r, longest)["context_use"] for r in reads]
+            row["context_use"] = verdict(
+                [u["difference"] for u in uses],
+                error=text_error([u["difference_by_span"] for u in uses]),
+            )
+            for task, chance in (("recall", RECALL_CHANCE), ("latest", LATEST_CHANCE)):
+                acc = [_far_accuracy(r, task, m_l) for r in reads]
+                far = [x for x in reads[0][task] if x["distance"] > m_l]
+                row[f"far_{task}"] = {
+                    "accuracy": acc,
+                    "distances": [x["distance"] for x in far],
+                    **verdict(
+                        [a - chance for a in acc],
+                        error=probe_error(acc, samples * len(far)),
+                    ),
+                }
+            if stage == "fine_tuned":
+                row["recovery_steps"] = [
+                    recovery_steps(runs[(option, s)], runs[("base", s)]["held_out_bpb"])
+                    for s in seeds
+                ]
+            rows.append(row)
+    return rows

@@ -1,0 +1,321 @@
+"""The retrofit study's pieces: the probes through a tokenizer, the BPE tokenizer and the
+base's training windows, the retrofit options on a saved checkpoint, the resumable runner
+and its reader."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+
+from relbias.hf import retrofit_study  # noqa: E402
+from relbias.hf.pretrain import (  # noqa: E402
+    MixedWindows,
+    base_config,
+    encode_text,
+    token_bytes,
+    train_tokenizer,
+)
+from relbias.hf.recall import (  # noqa: E402
+    ProbeVocabulary,
+    probe_accuracy,
+    probe_batch,
+    training_sequence,
+)
+from relbias.hf.retrofit import OPTIONS, fine_tune, load_option, params_added  # noqa: E402
+from relbias.hf.retrofit_results import load_runs, option_rows, recovery_steps  # noqa: E402
+
+FILLER_CHARS = "abcdefghijklmnopqrstuvwxyz ."
+
+
+def char_encode(s: str) -> list[int]:
+    return [ord(c) for c in s]
+
+
+def char_filler(n: int, seed: int = 0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    pick = torch.randint(len(FILLER_CHARS), (n,), generator=g)
+    return torch.tensor([ord(FILLER_CHARS[i]) for i in pick])
+
+
+def text_of(ids) -> str:
+    return "".join(chr(int(i)) for i in ids)
+
+
+@pytest.fixture(scope="module")
+def vocab():
+    return ProbeVocabulary(char_encode, keys=40)
+
+
+# --- the probes --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("task", ["recall", "latest"])
+@pytest.mark.parametrize("seed", range(4))
+def test_probe_batch_puts_the_answer_distance_back(vocab, task, seed):
+    g = torch.Generator().manual_seed(seed)
+    distance = int(torch.randint(5, 200, (1,), generator=g))
+    x, answers = probe_batch(
+        vocab, char_filler(5000, seed), count=6, distance=distance, task=task, generator=g
+    )
+    for row, answer in zip(x, answers):
+        text = text_of(row)
+        query = re.search(r" ([A-Z]{2})\?$", text)
+        assert query, text[-10:]
+        key = query.group(1)
+        sets = [(m.start(2), int(m.group(2))) for m in re.finditer(rf" ({key})=(\d)", text)]
+        # the newest statement of the asked key: its digit exactly `distance` back, the answer
+        newest_at, newest = max(sets)
+        assert newest_at == len(text) - 1 - distance
+        assert newest == int(answer)
+        assert len(sets) == (2 if task == "latest" else 1)
+        if task == "latest":
+            older_at, older = min(sets)
+            assert older != newest and older_at == newest_at - max(
+                vocab.statement_len, distance // 4
+            )
+        # every other statement is another key with another digit
+        for m in re.finditer(r" ([A-Z]{2})=(\d)", text):
+            if m.group(1) != key:
+                assert int(m.group(2)) != newest
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_training_sequence_answers_every_query_with_the_latest_digit(vocab, seed):
+    g = torch.Generator().manual_seed(seed)
+    row = training_sequence(vocab, char_filler(256, seed), items=6, generator=g)
+    text = text_of(row)
+    queries = list(re.finditer(r" ([A-Z]{2})\?(\d)", text))
+    assert queries, "no item fitted"
+    for q in queries:
+        before = [int(m.group(1)) for m in re.finditer(rf" {q.group(1)}=(\d)", text[: q.start()])]
+        assert before, f"query {q.group(0)!r} has no statement before it"
+        assert int(q.group(2)) == before[-1]
+
+
+def test_probe_vocabulary_refuses_digits_of_several_tokens():
+    with pytest.raises(ValueError, match="every digit to be one token"):
+        ProbeVocabulary(lambda s: [1, 2] if s.isdigit() else [3])
+    with pytest.raises(TypeError, match="encode must be a callable"):
+        ProbeVocabulary("not callable")
+
+
+def test_probe_batch_checks_its_arguments(vocab):
+    g = torch.Generator().manual_seed(0)
+    with pytest.raises(ValueError, match="task"):
+        probe_batch(vocab, char_filler(500), count=2, distance=20, task="nearest", generator=g)
+    with pytest.raises(ValueError, match="distance"):
+        probe_batch(vocab, char_filler(500), count=2, distance=1, generator=g)
+    with pytest.raises(ValueError, match="filler"):
+        probe_batch(vocab, char_filler(30), count=2, distance=40, generator=g)
+
+
+def oracle(ids: torch.Tensor) -> torch.Tensor:
+    """A 'model' that reads the newest statement of the asked key: logits [batch, n, 128]."""
+    out = torch.zeros(ids.shape[0], ids.shape[1], 128)
+    for b, row in enumerate(ids):
+        text = text_of(row)
+        key = re.search(r" ([A-Z]{2})\?$", text).group(1)
+        digit = re.findall(rf" {key}=(\d)", text)[-1]
+        out[b, -1, ord(digit)] = 1.0
+    return out
+
+
+def test_probe_accuracy_of_an_oracle_and_of_a_constant_model(vocab):
+    filler = char_filler(4000)
+    rows = probe_accuracy(oracle, vocab, filler, [10, 300], task="latest", samples=20)
+    assert [r["accuracy"] for r in rows] == [1.0, 1.0]
+    assert [r["distance"] for r in rows] == [10, 300]
+
+    def constant(ids):
+        out = torch.zeros(ids.shape[0], ids.shape[1], 128)
+        out[..., ord("3")] = 1.0
+        return out
+
+    rows = probe_accuracy(constant, vocab, filler, [50], samples=200, seed=1)
+    assert 0.03 < rows[0]["accuracy"] < 0.2  # the share of answers that are 3
+
+
+# --- the tokenizer and the base's windows ------------------------------------------------
+
+TEXT = "def add(a, b):\n    return a + b\n\n# caf\u00e9 \u2014 notes\n" * 200
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return train_tokenizer(TEXT, vocab_size=300)
+
+
+def test_tokenizer_round_trip_and_token_bytes(tokenizer, tmp_path):
+    ids = encode_text(tokenizer, TEXT.encode())
+    assert tokenizer.decode(ids.tolist()) == TEXT
+    assert ids.numel() < len(TEXT.encode()) / 2  # merges learned
+    sizes = token_bytes(tokenizer)
+    assert int(sizes[ids].sum()) == len(TEXT.encode())
+    tokenizer.save_pretrained(tmp_path)
+    from transformers import AutoTokenizer
+
+    again = AutoTokenizer.from_pretrained(tmp_path)
+    assert again.encode(TEXT, add_special_tokens=False) == ids.tolist()
+
+
+def test_train_tokenizer_checks_its_arguments():
+    with pytest.raises(ValueError, match="vocab_size"):
+        train_tokenizer(TEXT, vocab_size=100)
+    with pytest.raises(ValueError, match="text"):
+        train_tokenizer("", vocab_size=300)
+
+
+def test_mixed_windows_are_reproducible_and_carry_items(vocab):
+    ids = char_filler(3000)
+    a = MixedWindows(ids, vocab, count=8, seq_len=128, seed=3, probe_share=0.5)
+    b = MixedWindows(ids, vocab, count=8, seq_len=128, seed=3, probe_share=0.5)
+    for i in range(8):
+        assert torch.equal(a[i]["input_ids"], b[i]["input_ids"])
+        has_items = "?" in text_of(a[i]["input_ids"])
+        assert has_items == (i % 2 == 0)
+    with pytest.raises(ValueError, match="probe_share"):
+        MixedWindows(ids, vocab, count=8, seq_len=128, seed=3, probe_share=2)
+
+
+# --- the options on a saved checkpoint ---------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def base_dir(tmp_path_factory):
+    from transformers import LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = base_config(vocab_size=128, train_len=64)
+    config.hidden_size, config.intermediate_size = 32, 64
+    config.num_hidden_layers, config.num_attention_heads, config.num_key_value_heads = 2, 4, 2
+    config.head_dim = 8
+    path = tmp_path_factory.mktemp("base")
+    LlamaForCausalLM(config).save_pretrained(path)
+    return path
+
+
+@pytest.mark.parametrize("option", list(OPTIONS))
+def test_each_option_loads_as_specified(base_dir, option):
+    from transformers import AutoModelForCausalLM
+
+    import relbias.hf as rh
+
+    spec = OPTIONS[option]
+    model = load_option(base_dir, option, factor=4.0)
+    base = AutoModelForCausalLM.from_pretrained(base_dir)
+    rotary = model.model.rotary_emb
+    assert rotary.rope_type == (spec["rope_type"] or "default")
+    if spec["rope_type"] in ("linear", "yarn"):
+        assert torch.allclose(rotary.inv_freq[-1], base.model.rotary_emb.inv_freq[-1] / 4)
+    ids = torch.randint(128, (1, 40))
+    if spec["family"] is None:
+        assert model.config._attn_implementation == "sdpa" and params_added(model, base) == 0
+    else:
+        assert model.config.relbias["family"] == spec["family"]
+        assert model.config.relbias["keep_rope"] == spec.get("keep_rope", False)
+        added = sum(p.numel() for b in rh.biases(model) for p in b.parameters())
+        assert params_added(model, base) == added
+    logits = model(input_ids=ids).logits
+    assert torch.isfinite(logits).all()
+    if option == "control":
+        assert torch.equal(logits, base(input_ids=ids).logits)
+
+
+def test_load_option_checks_its_arguments(base_dir):
+    with pytest.raises(ValueError, match="option"):
+        load_option(base_dir, "xpos")
+    with pytest.raises(ValueError, match="factor"):
+        load_option(base_dir, "linear", factor=1.0)
+
+
+def test_fine_tune_records_the_recovery_curve(base_dir, vocab, tmp_path):
+    model = load_option(base_dir, "alibi")
+    ids = torch.randint(128, (2000,))
+    windows = MixedWindows(ids, vocab, count=12, seq_len=32, seed=0, probe_share=0)
+    held_out = torch.randint(128, (4, 17))
+    sizes = torch.ones(128, dtype=torch.long)
+    out = fine_tune(
+        model,
+        windows,
+        tmp_path,
+        steps=6,
+        batch_size=2,
+        lr=1e-3,
+        seed=0,
+        held_out=held_out,
+        sizes=sizes,
+        every=3,
+    )
+    assert [p["step"] for p in out["recovery"]] == [0, 3, 6]
+    assert all(p["bpb"] > 0 for p in out["recovery"])
+    assert recovery_steps({"fine_tune": out}, base_bpb=1e9) == 0
+    assert recovery_steps({"fine_tune": out}, base_bpb=0.0) is None
+
+
+# --- the runner and its reader -----------------------------------------------------------
+
+TINY = [
+    "vocab_size=300",
+    "train_len=16",
+    "base_steps=3",
+    "base_batch=2",
+    "fine_tune_len=32",
+    "fine_tune_steps=2",
+    "fine_tune_batch=2",
+    "recovery_every=1",
+    "recovery_windows=4",
+    "spans=2",
+    "context_stride=8",
+    "probe_samples=3",
+    "probe_keys=8",
+]
+
+
+def test_runner_is_resumable_and_its_reader_reads_it(tmp_path, monkeypatch):
+    monkeypatch.setitem(retrofit_study.STUDY, "lengths", [16, 32, 64])
+    monkeypatch.setitem(retrofit_study.STUDY, "recall_distances", [8, 40])
+    monkeypatch.setitem(retrofit_study.STUDY, "latest_distances", [8, 40])
+    folder = str(tmp_path)
+    args = ["--folder", folder, "--seeds", "0", "1", "--set", *TINY]
+    assert retrofit_study.main(["base", *args]) == 0
+    assert retrofit_study.main(["retrofit", "--options", "control", "alibi", *args]) == 0
+    first = (tmp_path / "runs" / "alibi_seed1.json").stat().st_mtime_ns
+    assert retrofit_study.main(["retrofit", "--options", "alibi", *args]) == 0
+    assert (tmp_path / "runs" / "alibi_seed1.json").stat().st_mtime_ns == first
+    assert (tmp_path / "base_seed0" / "tokenizer.json").exists()
+    runs = load_runs(tmp_path)
+    assert sorted(runs) == [
+        ("alibi", 0),
+        ("alibi", 1),
+        ("base", 0),
+        ("base", 1),
+        ("control", 0),
+        ("control", 1),
+    ]
+    rows = option_rows(runs)
+    assert [(r["option"], r["stage"]) for r in rows] == [
+        ("alibi", "zero_shot"),
+        ("alibi", "fine_tuned"),
+        ("control", "zero_shot"),
+        ("control", "fine_tuned"),
+    ]
+    control_zero = rows[2]
+    assert control_zero["near_cost"]["mean"] == 0  # the control's zero shot is the base
+    for row in rows:
+        assert set(row["bits"]) == {16, 32, 64}
+        assert row["near_cost"]["answer"] in (
+            "lower",
+            "higher",
+            "at the edge",
+            "cannot be told apart",
+        )
+        assert row["far_recall"]["distances"] == [40]
+
+
+def test_runner_refuses_an_unknown_setting(tmp_path):
+    with pytest.raises(SystemExit):
+        retrofit_study.main(["base", "--folder", str(tmp_path), "--set", "steps=3"])
