@@ -184,13 +184,20 @@ def provenance(kind: str) -> str:
 
 def lab_setting_text(findings) -> str:
     """The setting box of a lab-notes page (MyST): the book, the model, the text and the
-    stored sweeps ``findings`` (kinds of :func:`relbias.lab.results.load_stored`) that its
-    sections read; unlike :func:`relbias.book.setting.setting_text` it names no live run."""
+    stored sweeps ``findings`` (kinds of :func:`relbias.lab.results.load_stored`, or
+    ``(kind, name)`` pairs that name a sweep with no words of its own) that its sections
+    read; unlike :func:`relbias.book.setting.setting_text` it names no live run."""
     from relbias.book import setting
     from relbias.lab import get_config
 
     medium = get_config("medium")
-    sweeps = [setting._sweep_words(k) for k in findings]
+    sweeps = []
+    for entry in findings:
+        kind, name = (entry, None) if isinstance(entry, str) else entry
+        words = setting._sweep_words(kind)
+        if name is not None:  # "<kind> (m_l, steps, seeds)" -> "<name> (kind: m_l, ...)"
+            words = f"{name} (`{kind}`: " + words.split(" (", 1)[1]
+        sweeps.append(words)
     runs = "**The runs** read here: " + (
         ", ".join(sweeps[:-1]) + " and " + sweeps[-1] if len(sweeps) > 1 else sweeps[0]
     )

@@ -75,3 +75,11 @@ def test_bucket_sides_leave_the_first_future_bucket_unused():
     assert sides["future"]["own"] == [-1, -2, -3, -4, -5, -6, -7]
     check = tb.formula_against_reference([31], [128])
     assert check["configurations"] == 1 and not check["literal_off"] and not check["exact_off"]
+
+
+def test_lab_setting_text_names_a_sweep_with_no_words_of_its_own():
+    from relbias.book import t5_buckets as tb
+
+    box = tb.lab_setting_text(("extrapolation", ("t5_far", "the far-end ablation of T5")))
+    assert "the far-end ablation of T5 (`t5_far`: $m_l$ = 128 bytes, 3,000 steps, 3 seeds)" in box
+    assert box.count("3,000 steps") == 2 and "t5_far ($m_l$" not in box
