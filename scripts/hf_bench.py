@@ -3,7 +3,10 @@
 Two measurements per family, each the median of ``--repeats`` runs after a warm-up:
 
 - a training step (forward, backward, AdamW step) on ``--batch`` x ``--train-len`` tokens;
-- a cached greedy decode of ``--decode-len`` tokens (DynamicCache) after a 16-token prompt.
+- a cached greedy decode of ``--decode-len`` tokens (DynamicCache) after a 16-token prompt;
+- with ``--compiled``, also that decode with a static cache through the forward compiled by
+  ``torch.compile`` (``--compile-backend``, default inductor; one warm-up generation compiles
+  the prompt's and the step's graphs).
 
 Prints one line per family with its seconds and its ratio to RoPE + SDPA, and writes them
 (with the settings and the machine) as JSON to ``--out`` when given::
@@ -100,6 +103,29 @@ def decode_seconds(model, length, repeats):
     return median_seconds(decode, repeats)
 
 
+def compiled_decode_seconds(model, length, repeats, backend):
+    model.eval()
+    prompt = torch.randint(0, 256, (1, 16), generator=torch.Generator().manual_seed(1))
+    eager_forward = model.forward
+    model.forward = torch.compile(eager_forward, backend=backend, fullgraph=True)
+
+    @torch.no_grad()
+    def decode():
+        out = model.generate(
+            prompt,
+            max_new_tokens=length,
+            min_new_tokens=length,
+            do_sample=False,
+            cache_implementation="static",
+        )
+        assert out.shape[1] == 16 + length
+
+    try:
+        return median_seconds(decode, repeats)
+    finally:
+        model.forward = eager_forward
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--families", nargs="*", default=list(FAMILIES))
@@ -111,6 +137,8 @@ def main(argv=None):
     parser.add_argument("--train-len", type=int, default=256)
     parser.add_argument("--decode-len", type=int, default=512)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--compiled", action="store_true", help="also a compiled static decode")
+    parser.add_argument("--compile-backend", default="inductor")
     parser.add_argument("--out", default=None, help="write the results here (JSON)")
     args = parser.parse_args(argv)
     unknown = sorted(set(args.families) - set(FAMILIES))
@@ -124,14 +152,25 @@ def main(argv=None):
             "train_step_s": train_step_seconds(model, args.batch, args.train_len, args.repeats),
             "decode_s": decode_seconds(model, args.decode_len, args.repeats),
         }
+        if args.compiled:
+            rows[family]["compiled_decode_s"] = compiled_decode_seconds(
+                model, args.decode_len, args.repeats, args.compile_backend
+            )
         base = rows["rope"]
         rows[family]["train_step_ratio"] = rows[family]["train_step_s"] / base["train_step_s"]
         rows[family]["decode_ratio"] = rows[family]["decode_s"] / base["decode_s"]
         r = rows[family]
+        compiled = ""
+        if args.compiled:
+            r["compiled_decode_ratio"] = r["compiled_decode_s"] / base["compiled_decode_s"]
+            compiled = (
+                f"   compiled static decode {r['compiled_decode_s']:7.2f} s "
+                f"({r['compiled_decode_ratio']:.2f}x)"
+            )
         print(
             f"{family:13s} train step {r['train_step_s'] * 1e3:8.1f} ms "
             f"({r['train_step_ratio']:.2f}x)   decode {args.decode_len} tokens "
-            f"{r['decode_s']:7.2f} s ({r['decode_ratio']:.2f}x)",
+            f"{r['decode_s']:7.2f} s ({r['decode_ratio']:.2f}x){compiled}",
             flush=True,
         )
     result = {
