@@ -76,9 +76,12 @@ def _provenance(wall_s: float) -> dict:
 
 
 class Data:
-    """The study's token streams (train, validation), the probe vocabulary, token bytes."""
+    """The study's token streams (train, validation), the probe vocabulary, token bytes.
 
-    def __init__(self, folder: Path, study: dict):
+    The tokenizer is read from ``tokenizer_dir`` (a saved base holds one), else from
+    ``folder / "tokenizer"``, trained there first where it is missing."""
+
+    def __init__(self, folder: Path, study: dict, tokenizer_dir: Path | None = None):
         from transformers import AutoTokenizer
 
         from relbias.hf.pretrain import encode_text, token_bytes, train_tokenizer
@@ -86,8 +89,8 @@ class Data:
         from relbias.lab.data import load_corpus
 
         corpus = load_corpus()
-        tok_dir = folder / "tokenizer"
-        if not (tok_dir / "tokenizer.json").exists():
+        tok_dir = Path(tokenizer_dir) if tokenizer_dir is not None else folder / "tokenizer"
+        if tokenizer_dir is None and not (tok_dir / "tokenizer.json").exists():
             text = bytes(corpus.train.tolist()).decode("utf-8", errors="replace")
             train_tokenizer(text, study["vocab_size"]).save_pretrained(tok_dir)
         self.tokenizer = AutoTokenizer.from_pretrained(tok_dir)
@@ -183,18 +186,14 @@ def run_base(seed: int, data: Data, study: dict, folder: Path) -> Path:
     return out
 
 
-def run_option(seed: int, option: str, data: Data, study: dict, folder: Path) -> Path:
-    """Apply ``option`` to seed ``seed``'s base, read it, fine-tune it, read it again."""
+def retrofit_record(base_dir, option: str, seed: int, data: Data, study: dict) -> dict:
+    """Apply ``option`` to the base saved in ``base_dir``, read it, fine-tune it on the
+    windows of ``seed`` (the same for every option), read it again; the run's record."""
     from transformers import AutoModelForCausalLM
 
     from relbias.hf.pretrain import MixedWindows
     from relbias.hf.retrofit import fine_tune, load_option, params_added
 
-    out = folder / "runs" / f"{option}_seed{seed}.json"
-    if out.exists():
-        return out
-    start = time.time()
-    base_dir = folder / f"base_seed{seed}"
     base = AutoModelForCausalLM.from_pretrained(base_dir)
     model = load_option(base_dir, option, factor=study["factor"])
     record = {"option": option, "seed": seed, "study": study}
@@ -225,6 +224,17 @@ def run_option(seed: int, option: str, data: Data, study: dict, folder: Path) ->
             every=study["recovery_every"],
         )
     record["fine_tuned"] = read_model(model, data, study)
+    return record
+
+
+def run_option(seed: int, option: str, data: Data, study: dict, folder: Path) -> Path:
+    """Seed ``seed``'s run of ``option`` (:func:`retrofit_record`), stored (skipped where
+    its file exists)."""
+    out = folder / "runs" / f"{option}_seed{seed}.json"
+    if out.exists():
+        return out
+    start = time.time()
+    record = retrofit_record(folder / f"base_seed{seed}", option, seed, data, study)
     record["provenance"] = _provenance(time.time() - start)
     _write(out, record)
     return out
