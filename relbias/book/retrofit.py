@@ -1,0 +1,333 @@
+"""Chapter 11 (extending a trained RoPE model): the stored retrofit study as tables and
+figures, the stored base checkpoint, and the live retrofit.
+
+The study and its reader live in the hf room (:mod:`relbias.hf.retrofit_study`,
+:mod:`relbias.hf.retrofit_results`); this module only draws and tabulates what they give.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import urllib.request
+from pathlib import Path
+
+from relbias.book.plots import figure
+
+__all__ = [
+    "LABELS",
+    "base_path",
+    "curve_table",
+    "decision_table",
+    "latency_rows",
+    "live_retrofit",
+    "plot_curves",
+    "plot_probe",
+    "paired_table",
+    "plot_recovery",
+    "probe_table",
+    "quick_study",
+    "row_of",
+]
+
+#: How the chapter names each option.
+LABELS = {
+    "control": "RoPE, unchanged",
+    "linear": "linear interpolation",
+    "dynamic_ntk": "dynamic NTK",
+    "yarn": "YaRN",
+    "alibi": "ALiBi (RoPE off)",
+    "t5": "T5 (RoPE off)",
+    "kerple_log": "Kerple-log (RoPE off)",
+    "fire": "FIRE (RoPE off)",
+    "yarn+alibi": "YaRN + ALiBi",
+    "yarn+kerple_log": "YaRN + Kerple-log",
+}
+#: The files of a saved base (``save_pretrained`` of model and tokenizer).
+BASE_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json")
+_RAW = "https://raw.githubusercontent.com/relbias/relbias/main/relbias/hf/results/retrofit"
+
+
+def base_path(seed: int = 0) -> Path:
+    """The stored base of ``seed`` (a folder ``from_pretrained`` reads). The checkpoints
+    live in the repository, not in the wheel: an install without them fetches the files
+    into ``~/.cache/relbias/retrofit``."""
+    from relbias.hf.retrofit_study import FOLDER
+
+    path = FOLDER / f"base_seed{seed}"
+    if (path / "model.safetensors").is_file():
+        return path
+    cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
+    path = cache / "relbias" / "retrofit" / f"base_seed{seed}"
+    path.mkdir(parents=True, exist_ok=True)
+    for name in BASE_FILES:
+        if not (path / name).is_file():
+            urllib.request.urlretrieve(f"{_RAW}/base_seed{seed}/{name}", path / name)
+    return path
+
+
+def row_of(rows: list[dict], option: str, stage: str = "fine_tuned") -> dict:
+    """The reader's row of ``option`` at ``stage``."""
+    return next(r for r in rows if r["option"] == option and r["stage"] == stage)
+
+
+def _signed(v: dict, digits: int = 2) -> str:
+    return f"{v['mean']:+.{digits}f}"
+
+
+def _ordering(v: dict, lower: str, higher: str) -> str:
+    return {"lower": lower, "higher": higher}.get(v["answer"], v["answer"])
+
+
+def _curve_words(curve: dict) -> str:
+    answer = curve["answer"]
+    if curve.get("turns_at"):
+        answer += f" (at {curve['turns_at']})"
+    return answer
+
+
+def _accuracy(v: dict, chance: float) -> str:
+    mean = statistics.fmean(v["accuracy"])
+    word = {"higher": "above chance", "lower": "below chance"}.get(v["answer"], v["answer"])
+    return f"{mean:.2f} ({word})"
+
+
+def decision_table(rows: list[dict], stage: str = "fine_tuned", *, train_len: int):
+    """The decision table at ``stage``: one row per option; ``(rows, headers)``."""
+    from relbias.hf.retrofit_results import LATEST_CHANCE, RECALL_CHANCE
+
+    options = list(dict.fromkeys(r["option"] for r in rows))
+    out = []
+    for option in options:
+        r = row_of(rows, option, stage)
+        line = [
+            LABELS[option],
+            f"{r['params_added']:,}",
+            f"{_signed(r['near_cost'], 3)} ({_ordering(r['near_cost'], 'better', 'worse')})",
+            _curve_words(r["curve"]),
+            f"{_signed(r['far_vs_control'])} ({_ordering(r['far_vs_control'], 'better', 'worse')})",
+            f"{_signed(r['context_use'], 3)} "
+            f"({_ordering(r['context_use'], 'uses it', 'reads it worse')})",
+            _accuracy(r["far_recall"], RECALL_CHANCE),
+            _accuracy(r["far_latest"], LATEST_CHANCE),
+        ]
+        if stage == "fine_tuned":
+            steps = r["recovery_steps"]
+            line.append(
+                "none"
+                if all(s is None for s in steps)
+                else ", ".join("-" if s is None else str(s) for s in steps)
+            )
+        out.append(line)
+    headers = [
+        "option",
+        "parameters added",
+        f"bits/byte at m_l vs base ({train_len} tokens)",
+        f"curve {train_len} to {16 * train_len} tokens",
+        "at 16 m_l vs fine-tuned RoPE",
+        "long - sliding at 16 m_l",
+        "far recall (chance 0.1)",
+        "far 'latest' (chance 0.5)",
+    ]
+    if stage == "fine_tuned":
+        headers.append("steps to the base's m_l loss, per seed")
+    return out, headers
+
+
+def _mean_curve(runs: dict, option: str, stage: str, seeds) -> tuple[list, list]:
+    from relbias.hf.retrofit_results import reading
+
+    reads = [reading(runs, option, s, stage) for s in seeds]
+    lengths = [e["length"] for e in reads[0]["by_length"]["by_length"]]
+    means = [
+        statistics.fmean(r["by_length"]["by_length"][i]["bits"] for r in reads)
+        for i in range(len(lengths))
+    ]
+    return lengths, means
+
+
+def plot_curves(runs: dict, options, *, stage: str = "fine_tuned"):
+    """Bits per byte against the window length, mean over seeds, for ``options`` at
+    ``stage`` and the base (dashed)."""
+    from relbias.hf.retrofit_results import seeds_of
+
+    fig, ax = figure(7.5, 4.2)
+    seeds = seeds_of(runs, "base")
+    lengths, base = _mean_curve(runs, "base", "zero_shot", seeds)
+    ax.plot(lengths, base, "k--", marker="o", label="base (RoPE, before any change)")
+    for option in options:
+        lengths, means = _mean_curve(runs, option, stage, seeds_of(runs, option))
+        ax.plot(lengths, means, marker="o", label=LABELS[option])
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("window length (tokens)")
+    ax.set_ylabel("bits per byte (mean over seeds)")
+    ax.set_xticks(lengths, [str(n) for n in lengths])
+    ax.legend(fontsize=7, ncol=2)
+    return fig
+
+
+def plot_recovery(runs: dict, options):
+    """The fine-tune's loss at ``m_l`` on held-out windows against its step, mean over
+    seeds, with the base's (dashed)."""
+    from relbias.hf.retrofit_results import seeds_of
+
+    fig, ax = figure(7.5, 4.0)
+    seeds = seeds_of(runs, "base")
+    base = statistics.fmean(runs[("base", s)]["held_out_bpb"] for s in seeds)
+    ax.axhline(base, color="k", linestyle="--", label="base")
+    for option in options:
+        curves = [runs[(option, s)]["fine_tune"]["recovery"] for s in seeds_of(runs, option)]
+        steps = [p["step"] for p in curves[0]]
+        means = [statistics.fmean(c[i]["bpb"] for c in curves) for i in range(len(steps))]
+        ax.plot(steps, means, marker=".", label=LABELS[option])
+    ax.set_yscale("log")
+    ax.set_xlabel("fine-tune step")
+    ax.set_ylabel("bits per byte at m_l (held out)")
+    ax.legend(fontsize=7, ncol=2)
+    return fig
+
+
+def plot_probe(runs: dict, options, *, stage: str = "fine_tuned"):
+    """Recall and 'latest' accuracy against the distance, mean over seeds."""
+    from relbias.hf.retrofit_results import LATEST_CHANCE, RECALL_CHANCE, reading, seeds_of
+
+    fig, axes = figure(9, 3.8, ncols=2)
+    train_len = runs[("base", seeds_of(runs, "base")[0])]["study"]["train_len"]
+    for k, (task, chance) in enumerate((("recall", RECALL_CHANCE), ("latest", LATEST_CHANCE))):
+        ax = axes[0, k]
+        for option in ["base", *options]:
+            seeds = seeds_of(runs, option)
+            reads = [
+                reading(runs, option, s, "zero_shot" if option == "base" else stage) for s in seeds
+            ]
+            dist = [x["distance"] for x in reads[0][task]]
+            acc = [
+                statistics.fmean(r[task][i]["accuracy"] for r in reads) for i in range(len(dist))
+            ]
+            style = "k--" if option == "base" else "-"
+            ax.plot(dist, acc, style, marker="o", label=LABELS.get(option, "base (RoPE)"))
+        ax.axhline(chance, color="grey", linewidth=0.8)
+        ax.axvline(train_len, color="grey", linestyle=":")
+        ax.set_xscale("log", base=2)
+        ax.set_ylim(-0.02, 1.02)
+        ax.set_xlabel("distance of the answer (tokens)")
+        ax.set_ylabel("accuracy")
+        ax.set_title(task)
+    axes[0, 0].legend(fontsize=6)
+    return fig
+
+
+def quick_study() -> dict:
+    """The study's settings cut for a CPU demo of a few minutes: a short fine-tune and a
+    lighter reading (two spans, 16 sequences per distance, lengths to 4 m_l)."""
+    from relbias.hf.retrofit_study import STUDY
+
+    study = dict(STUDY)
+    study.update(
+        fine_tune_steps=20,
+        recovery_every=5,
+        lengths=[128, 256, 512],
+        spans=2,
+        recall_distances=[64, 256],
+        latest_distances=[64, 256],
+        probe_samples=16,
+    )
+    return study
+
+
+def live_retrofit(option: str, *, seed: int = 0, study: dict | None = None) -> dict:
+    """Retrofit the stored base of ``seed`` with ``option`` in ``study`` (default
+    :func:`quick_study`): read zero-shot, fine-tune, read again; the run's record."""
+    from relbias.hf.retrofit_study import Data, retrofit_record
+
+    study = quick_study() if study is None else study
+    path = base_path(seed)
+    data = Data(path.parent, study, tokenizer_dir=path)
+    return retrofit_record(path, option, seed, data, study)
+
+
+def _interval_cell(values, digits: int = 3) -> str:
+    from relbias.lab.stats import interval
+
+    i = interval(values)
+    return f"{i['mean']:.{digits}f} [{i['low']:.{digits}f}, {i['high']:.{digits}f}]"
+
+
+def curve_table(rows: list[dict], stage: str = "fine_tuned"):
+    """Bits per byte at every length, mean and 95 % interval over seeds, with the curve's
+    verdict; ``(rows, headers)``."""
+    options = list(dict.fromkeys(r["option"] for r in rows))
+    first = row_of(rows, options[0], stage)
+    lengths = sorted(first["bits"])
+    out = []
+    for option in options:
+        r = row_of(rows, option, stage)
+        out.append(
+            [
+                LABELS[option],
+                *(_interval_cell(r["bits"][n]) for n in lengths),
+                _curve_words(r["curve"]),
+            ]
+        )
+    return out, ["option", *(f"{n} tokens" for n in lengths), "the whole curve"]
+
+
+def paired_table(rows: list[dict], key: str, stage: str = "fine_tuned", digits: int = 3):
+    """The paired verdict ``key`` of every option (``near_cost``, ``far_vs_control``,
+    ``context_use``): mean difference, its interval, the text's error and the answer."""
+    out = []
+    for option in dict.fromkeys(r["option"] for r in rows):
+        v = row_of(rows, option, stage)[key]
+        out.append(
+            [
+                LABELS[option],
+                f"{v['mean']:+.{digits}f} [{v['low']:+.{digits}f}, {v['high']:+.{digits}f}]",
+                "unknown" if v["error"] is None else f"{v['error']:.{digits}f}",
+                v["answer"],
+            ]
+        )
+    return out, ["option", "mean difference [95 % interval]", "text's error", "verdict"]
+
+
+def probe_table(runs: dict, task: str, stage: str = "fine_tuned"):
+    """Accuracy at every distance on ``task`` (``recall`` or ``latest``), mean over seeds,
+    for the base and every option at ``stage``; ``(rows, headers)``."""
+    from relbias.hf.retrofit_results import reading, seeds_of
+
+    options = ["base", *dict.fromkeys(o for (o, _) in runs if o != "base")]
+    out, distances = [], None
+    for option in options:
+        seeds = seeds_of(runs, option)
+        which = "zero_shot" if option == "base" else stage
+        reads = [reading(runs, option, s, which)[task] for s in seeds]
+        distances = [x["distance"] for x in reads[0]]
+        label = "base (RoPE, as pretrained)" if option == "base" else LABELS[option]
+        out.append(
+            [
+                label,
+                *(statistics.fmean(r[i]["accuracy"] for r in reads) for i in range(len(distances))),
+            ]
+        )
+    return out, ["option", *(f"{d} back" for d in distances)]
+
+
+def latency_rows(path=None):
+    """The stored benchmark of :mod:`scripts.hf_bench` (``relbias/hf/results/bench_cpu.json``):
+    per family the training step's and the cached decode's time over RoPE's; and the
+    benchmark's machine line."""
+    import json
+
+    from relbias.hf.retrofit_study import FOLDER
+
+    path = Path(path) if path is not None else FOLDER.parent / "bench_cpu.json"
+    bench = json.loads(path.read_text())
+    out = []
+    for family, r in bench["results"].items():
+        line = [family, f"{r['train_step_ratio']:.2f}", f"{r['decode_ratio']:.2f}"]
+        if "compiled_decode_ratio" in r:
+            line.append(f"{r['compiled_decode_ratio']:.2f}")
+        out.append(line)
+    headers = ["family", "training step / RoPE's", "cached decode / RoPE's"]
+    if any("compiled_decode_ratio" in r for r in bench["results"].values()):
+        headers.append("compiled static-cache decode / RoPE's")
+    return out, headers, bench["machine"], bench["settings"]
