@@ -189,15 +189,16 @@ def plot_context_readings(
 ):
     """One panel per model of ``readings`` (``{label: context_readings(...)}``): bits per byte
     on the first ``train_len`` bytes of the longest windows, and on the bytes past it read
-    with the whole window and by the sliding one; one point per seed, a grey line joining each
-    seed's points. The panels share the y axis."""
+    with the whole window and by the sliding one; one point per seed. A grey line joins each
+    seed's two readings of the same bytes (past ``train_len``); the first point, other bytes,
+    stands alone, so that no trend is drawn across positions. The panels share the y axis."""
     names = [f"first {train_len}\nbytes", "past: whole\nwindow", "past: sliding\nwindow"]
     fig, axes = figure(width, height, ncols=len(readings), sharey=True)
     axes = [axes] if len(readings) == 1 else list(axes.flat)
     for ax, (label, values) in zip(axes, readings.items()):
         per_seed = list(zip(values["within"], values["long"], values["sliding"]))
         for seed, points in enumerate(per_seed):
-            ax.plot(range(3), points, color="grey", lw=0.8, zorder=1)
+            ax.plot([1, 2], points[1:], color="grey", lw=0.8, zorder=1)  # the same bytes
             ax.scatter(
                 range(3),
                 points,

@@ -174,3 +174,17 @@ def test_uniform_far_share_by_hand_and_as_a_model_with_flat_scores_reads_it():
                 block.attn.qkv.bias[:16].zero_()
     share = far_attention_share(model, torch.randint(0, 256, (1, 24)), 8)
     torch.testing.assert_close(share, torch.full_like(share, uniform_far_share(24, 8)))
+
+
+def test_context_readings_join_only_the_two_readings_of_the_same_bytes():
+    from relbias.book.introduction import plot_context_readings
+
+    readings = {"m": {"within": [2.0, 2.1], "long": [1.9, 2.0], "sliding": [1.8, 1.9]}}
+    fig = plot_context_readings(readings, train_len=128)
+    (ax,) = fig.axes
+    lines = ax.get_lines()
+    assert len(lines) == 2  # one per seed
+    for line, long, sliding in zip(lines, readings["m"]["long"], readings["m"]["sliding"]):
+        assert list(line.get_xdata()) == [1, 2]  # the first point (other bytes) not joined
+        assert list(line.get_ydata()) == [long, sliding]
+    assert "first 128" in ax.get_xticklabels()[0].get_text()
