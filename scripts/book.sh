@@ -48,6 +48,9 @@ echo "[book] jupyter-book build --warningiserror --keep-going $* ."
 cp _assets/* "$HTML/_static/"
 rm -rf "$HTML/_static/mathjax"
 cp -r "$MATHJAX_DST" "$HTML/_static/mathjax"
+# The theme's source maps (about 1.3 MB) serve only a developer's browser tools, which fetch
+# them on demand: they are not shipped.
+find "$HTML/_static" -name '*.map' -delete
 echo "[book] built: $HTML/index.html"
 
 # The site's size, as tests/book/test_browser.py counts it: figures are the PNG files and

@@ -8,6 +8,7 @@ The study and its reader live in the hf room (:mod:`relbias.hf.retrofit_study`,
 from __future__ import annotations
 
 import os
+import re
 import statistics
 import urllib.request
 from pathlib import Path
@@ -21,13 +22,18 @@ __all__ = [
     "decision_table",
     "latency_rows",
     "live_retrofit",
+    "live_table",
     "plot_curves",
+    "plot_option",
     "plot_probe",
     "paired_table",
     "plot_recovery",
     "probe_table",
+    "provenance_rows",
     "quick_study",
     "row_of",
+    "setting_rows",
+    "token_budget",
 ]
 
 #: How the chapter names each option.
@@ -41,7 +47,6 @@ LABELS = {
     "kerple_log": "Kerple-log (RoPE off)",
     "fire": "FIRE (RoPE off)",
     "yarn+alibi": "YaRN + ALiBi",
-    "yarn+kerple_log": "YaRN + Kerple-log",
 }
 #: The files of a saved base (``save_pretrained`` of model and tokenizer).
 BASE_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json")
@@ -93,9 +98,9 @@ def _accuracy(v: dict, chance: float) -> str:
 
 
 def decision_table(rows: list[dict], stage: str = "fine_tuned", *, train_len: int):
-    """The decision table at ``stage``: one row per option; ``(rows, headers)``."""
-    from relbias.hf.retrofit_results import LATEST_CHANCE, RECALL_CHANCE
-
+    """The decision table at ``stage``: one row per option; ``(rows, headers)``. (The probe
+    readings are in :func:`probe_table`: the stored bases never learned the probe, so no
+    option's far recall can be read from them.)"""
     options = list(dict.fromkeys(r["option"] for r in rows))
     out = []
     for option in options:
@@ -105,32 +110,35 @@ def decision_table(rows: list[dict], stage: str = "fine_tuned", *, train_len: in
             f"{r['params_added']:,}",
             f"{_signed(r['near_cost'], 3)} ({_ordering(r['near_cost'], 'better', 'worse')})",
             _curve_words(r["curve"]),
-            f"{_signed(r['far_vs_control'])} ({_ordering(r['far_vs_control'], 'better', 'worse')})",
+            "the reference"
+            if option == "control"
+            else f"{_signed(r['far_vs_control'])} "
+            f"({_ordering(r['far_vs_control'], 'better', 'worse')})",
             f"{_signed(r['context_use'], 3)} "
             f"({_ordering(r['context_use'], 'uses it', 'reads it worse')})",
-            _accuracy(r["far_recall"], RECALL_CHANCE),
-            _accuracy(r["far_latest"], LATEST_CHANCE),
         ]
         if stage == "fine_tuned":
             steps = r["recovery_steps"]
+            gap = r["final_gap"]
             line.append(
-                "none"
-                if all(s is None for s in steps)
-                else ", ".join("-" if s is None else str(s) for s in steps)
+                f"{_signed(gap, 3)} ({_ordering(gap, 'below', 'above')}); recovered: "
+                + (
+                    "none"
+                    if all(s is None for s in steps)
+                    else ", ".join("no" if s is None else f"step {s}" for s in steps)
+                )
             )
         out.append(line)
     headers = [
         "option",
         "parameters added",
-        f"bits/byte at m_l vs base ({train_len} tokens)",
-        f"curve {train_len} to {16 * train_len} tokens",
-        "at 16 m_l vs fine-tuned RoPE",
-        "long - sliding at 16 m_l",
-        "far recall (chance 0.1)",
-        "far 'latest' (chance 0.5)",
+        f"bits/byte at m_l = {train_len} tokens, minus the base's",
+        f"the whole curve, {train_len} to {16 * train_len} tokens",
+        "at 16 m_l, minus RoPE fine-tuned",
+        "long - sliding at 16 m_l (bits/token)",
     ]
     if stage == "fine_tuned":
-        headers.append("steps to the base's m_l loss, per seed")
+        headers.append("end of the fine-tune: m_l loss minus the base's; back to it?")
     return out, headers
 
 
@@ -146,23 +154,30 @@ def _mean_curve(runs: dict, option: str, stage: str, seeds) -> tuple[list, list]
     return lengths, means
 
 
-def plot_curves(runs: dict, options, *, stage: str = "fine_tuned"):
-    """Bits per byte against the window length, mean over seeds, for ``options`` at
-    ``stage`` and the base (dashed)."""
+def plot_curves(runs: dict, options):
+    """Bits per byte against the window length, mean over seeds, for ``options`` before
+    (left) and after (right) the fine-tune, with the base (dashed) in both panels."""
     from relbias.hf.retrofit_results import seeds_of
 
-    fig, ax = figure(7.5, 4.2)
+    fig, axes = figure(9.0, 4.2, ncols=2)
     seeds = seeds_of(runs, "base")
     lengths, base = _mean_curve(runs, "base", "zero_shot", seeds)
-    ax.plot(lengths, base, "k--", marker="o", label="base (RoPE, before any change)")
-    for option in options:
-        lengths, means = _mean_curve(runs, option, stage, seeds_of(runs, option))
-        ax.plot(lengths, means, marker="o", label=LABELS[option])
-    ax.set_xscale("log", base=2)
-    ax.set_xlabel("window length (tokens)")
-    ax.set_ylabel("bits per byte (mean over seeds)")
-    ax.set_xticks(lengths, [str(n) for n in lengths])
-    ax.legend(fontsize=7, ncol=2)
+    for ax, stage, title in zip(
+        axes[0],
+        ("zero_shot", "fine_tuned"),
+        ("applied, before the fine-tune", "after the fine-tune"),
+    ):
+        ax.plot(lengths, base, "k--", marker="o", label="base (RoPE, as pretrained)")
+        for k, option in enumerate(options):
+            lengths, means = _mean_curve(runs, option, stage, seeds_of(runs, option))
+            style = "-" if k < 10 else "--"
+            ax.plot(lengths, means, style, marker="o", markersize=3, label=LABELS[option])
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(lengths, [str(n) for n in lengths])
+        ax.set_xlabel("window length (tokens)")
+        ax.set_title(title, fontsize=9)
+    axes[0, 0].set_ylabel("bits per byte (mean of 3 seeds)")
+    axes[0, 1].legend(fontsize=6, ncol=2)
     return fig
 
 
@@ -292,9 +307,10 @@ def paired_table(rows: list[dict], key: str, stage: str = "fine_tuned", digits: 
 def probe_table(runs: dict, task: str, stage: str = "fine_tuned"):
     """Accuracy at every distance on ``task`` (``recall`` or ``latest``), mean over seeds,
     for the base and every option at ``stage``; ``(rows, headers)``."""
+    from relbias.hf.retrofit import OPTIONS
     from relbias.hf.retrofit_results import reading, seeds_of
 
-    options = ["base", *dict.fromkeys(o for (o, _) in runs if o != "base")]
+    options = ["base", *(o for o in OPTIONS if (o, seeds_of(runs, "base")[0]) in runs)]
     out, distances = [], None
     for option in options:
         seeds = seeds_of(runs, option)
@@ -331,3 +347,117 @@ def latency_rows(path=None):
     if any("compiled_decode_ratio" in r for r in bench["results"].values()):
         headers.append("compiled static-cache decode / RoPE's")
     return out, headers, bench["machine"], bench["settings"]
+
+
+def token_budget(study: dict) -> dict:
+    """Tokens of pretraining and of the fine-tune, and the fine-tune's share."""
+    pre = study["base_steps"] * study["base_batch"] * study["train_len"]
+    fine = study["fine_tune_steps"] * study["fine_tune_batch"] * study["fine_tune_len"]
+    return {"pretraining": pre, "fine_tune": fine, "share": fine / pre}
+
+
+def setting_rows(runs: dict):
+    """The study's settings as ``(rows, headers)``: model, data, pretraining, fine-tune,
+    readings, seeds."""
+    from relbias.hf.retrofit_results import seeds_of
+
+    seeds = seeds_of(runs, "base")
+    base = runs[("base", seeds[0])]
+    s = base["study"]
+    budget = token_budget(s)
+    rows = [
+        ["model", f"Llama, RoPE (theta 10,000), {base['parameters']:,} parameters"],
+        ["tokenizer", f"byte-level BPE, {s['vocab_size']:,} ids, trained on the training split"],
+        ["training length m_l", f"{s['train_len']} tokens"],
+        [
+            "pretraining",
+            f"{s['base_steps']:,} steps x {s['base_batch']} windows = "
+            f"{budget['pretraining']:,} tokens, lr {s['base_lr']}, linear decay",
+        ],
+        [
+            "probe items in training",
+            f"{s['probe_share']:.0%} of the windows, up to {s['probe_items']} items each "
+            "(recall or 'latest', distance uniform within the window)",
+        ],
+        ["RoPE scaling factor", f"{s['factor']:g} (linear, dynamic NTK, YaRN)"],
+        [
+            "fine-tune",
+            f"{s['fine_tune_steps']} steps x {s['fine_tune_batch']} windows of "
+            f"{s['fine_tune_len']} tokens = {budget['fine_tune']:,} tokens "
+            f"({budget['share']:.1%} of pretraining), lr {s['fine_tune_lr']}, the same "
+            "windows for every option of a seed",
+        ],
+        [
+            "loss at m_l during the fine-tune",
+            f"every {s['recovery_every']} steps, {s['recovery_windows']} held-out windows",
+        ],
+        [
+            "reading",
+            f"lengths {', '.join(str(n) for n in s['lengths'])} tokens, {s['spans']} spans of "
+            f"{s['lengths'][-1]} tokens; sliding window m_l, stride {s['context_stride']}",
+        ],
+        [
+            "probes",
+            f"recall at {', '.join(str(d) for d in s['recall_distances'])} back; 'latest' at "
+            f"{', '.join(str(d) for d in s['latest_distances'])}; {s['probe_samples']} "
+            "sequences each",
+        ],
+        ["seeds", ", ".join(str(k) for k in seeds)],
+    ]
+    return rows, ["", "setting"]
+
+
+def provenance_rows(runs: dict):
+    """Where every stored run came from: option, seed, commit, wall time, command."""
+    out = []
+    for (option, seed), r in sorted(runs.items(), key=lambda kv: (kv[0][0] != "base", kv[0])):
+        p = r["provenance"]
+        command = re.sub(r" --folder \S+", "", p["command"])  # the repository's folder
+        out.append([option, seed, p["commit"][:10], f"{p['wall_s']:,.0f}", command])
+    return out, ["run", "seed", "commit", "seconds", "command"]
+
+
+def plot_option(runs: dict, option: str):
+    """One option's curve before and after the fine-tune, beside the base and the
+    fine-tuned control (the explorer's figure)."""
+    from relbias.hf.retrofit_results import seeds_of
+
+    fig, ax = figure(6.0, 3.4)
+    seeds = seeds_of(runs, "base")
+    lengths, base = _mean_curve(runs, "base", "zero_shot", seeds)
+    ax.plot(lengths, base, "k--", marker="o", label="base (RoPE, as pretrained)")
+    lengths, control = _mean_curve(runs, "control", "fine_tuned", seeds_of(runs, "control"))
+    ax.plot(lengths, control, color="grey", marker="o", label="RoPE unchanged, fine-tuned")
+    if option != "control":
+        for stage, style in (("zero_shot", ":"), ("fine_tuned", "-")):
+            lengths, means = _mean_curve(runs, option, stage, seeds_of(runs, option))
+            words = "before" if stage == "zero_shot" else "after"
+            ax.plot(
+                lengths,
+                means,
+                style,
+                color="C1",
+                marker="o",
+                label=f"{LABELS[option]}, {words} the fine-tune",
+            )
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(lengths, [str(n) for n in lengths])
+    ax.set_xlabel("window length (tokens)")
+    ax.set_ylabel("bits per byte (mean of 3 seeds)")
+    ax.set_title(LABELS[option], fontsize=9)
+    ax.legend(fontsize=7)
+    return fig
+
+
+def live_table(record: dict):
+    """A live run's reading (:func:`live_retrofit`): bits per byte at each length before and
+    after its fine-tune, and the loss at ``m_l`` at the start and end of the fine-tune;
+    ``(rows, headers)``."""
+    lengths = [e["length"] for e in record["fine_tuned"]["by_length"]["by_length"]]
+    out = []
+    for stage, words in (("zero_shot", "applied"), ("fine_tuned", "fine-tuned")):
+        if record[stage] is None:  # the control's zero shot is the base
+            continue
+        bits = [e["bits"] for e in record[stage]["by_length"]["by_length"]]
+        out.append([f"{LABELS[record['option']]}, {words}", *(f"{b:.3f}" for b in bits)])
+    return out, ["seed 0, one run", *(f"{n} tokens" for n in lengths)]

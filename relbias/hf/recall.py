@@ -13,8 +13,8 @@ has can be asked whether it recalls a fact from far back, and whether it still t
   of other keys anywhere in the sequence;
 - ``"latest"``: the asked key is set twice, to different digits: the newer statement
   ``distance`` back, the older ``distance + gap`` back (``gap``: by default ``distance // 4``,
-  at least a statement's length); the answer is the newer digit. A model that cannot tell the two offsets apart is right
-  about half of the time; one that ignores both, a tenth.
+  at least a statement's length); the answer is the newer digit. A model that cannot tell
+  the two offsets apart is right about half of the time; one that ignores both, a tenth.
 
 Everything else in a sequence is real text (``filler``: the token ids of held-out text), so
 the model reads the task inside text of the kind it was trained on.

@@ -10,8 +10,7 @@ fine-tune. Each option of :data:`OPTIONS` is one way to prepare the loaded check
   per-frequency interpolation and a temperature, Peng et al. 2023);
 - ``alibi``, ``t5``, ``kerple_log``, ``fire``: RoPE turned off and the relbias family put
   into every layer (:func:`relbias.hf.apply`), its parameters at their initial values;
-- ``yarn+alibi``, ``yarn+kerple_log``: YaRN-scaled RoPE kept under the bias
-  (``keep_rope=True``).
+- ``yarn+alibi``: YaRN-scaled RoPE kept under ALiBi (``keep_rope=True``).
 
 :func:`load_option` loads a saved base with one option applied; :func:`fine_tune` trains it
 with HF's Trainer and records the loss at ``m_l`` along the way (the recovery curve);
@@ -39,7 +38,6 @@ OPTIONS: dict[str, dict] = {
     "kerple_log": {"rope_type": None, "family": "kerple_log"},
     "fire": {"rope_type": None, "family": "fire", "bias_kwargs": {"L": "m_l"}},
     "yarn+alibi": {"rope_type": "yarn", "family": "alibi", "keep_rope": True},
-    "yarn+kerple_log": {"rope_type": "yarn", "family": "kerple_log", "keep_rope": True},
 }
 
 

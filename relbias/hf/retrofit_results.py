@@ -6,8 +6,8 @@ verdict function (:func:`relbias.lab.stats.verdict`), paired on the base's seed.
 - :func:`option_rows`: one row per option and stage (zero-shot, fine-tuned) with every
   reading of the decision table: the cost at ``m_l`` against the base, the whole curve to
   ``16 m_l``, the loss at ``16 m_l`` against the control, the context-use measure, far recall
-  and far "latest" precision against chance, parameters added, and the fine-tune steps to
-  return to the base's loss at ``m_l``.
+  and far "latest" precision against chance, parameters added, the fine-tune steps to
+  return to the base's loss at ``m_l`` and how far above it the fine-tune ends.
 
 Errors: the text's own sampling error from the bits per span (:func:`relbias.lab.stats.
 text_error`), the probe's from its sample count (:func:`relbias.lab.stats.probe_error`).
@@ -26,6 +26,7 @@ __all__ = [
     "LATEST_CHANCE",
     "load_runs",
     "option_rows",
+    "final_gap",
     "recovery_steps",
     "seeds_of",
 ]
@@ -72,12 +73,24 @@ def _far_accuracy(read: dict, task: str, train_len: int) -> float:
 
 
 def recovery_steps(record: dict, base_bpb: float) -> int | None:
-    """The first fine-tune step at which the loss at ``m_l`` is at or below the base's
-    (``None``: not within the fine-tune)."""
-    for point in record["fine_tune"]["recovery"]:
-        if point["bpb"] <= base_bpb:
-            return point["step"]
-    return None
+    """The first fine-tune step from which the loss at ``m_l`` (on the held-out windows)
+    stays at or below the base's ``base_bpb`` at every later reading; ``None`` where the
+    fine-tune ends above it (the step-0 reading, the option before any training, counts:
+    an option that never rises above the base recovers at 0)."""
+    curve = record["fine_tune"]["recovery"]
+    if curve[-1]["bpb"] > base_bpb:
+        return None
+    step = curve[-1]["step"]
+    for point in reversed(curve):
+        if point["bpb"] > base_bpb:
+            break
+        step = point["step"]
+    return step
+
+
+def final_gap(record: dict, base_bpb: float) -> float:
+    """The loss at ``m_l`` at the end of the fine-tune minus the base's (bits per byte)."""
+    return record["fine_tune"]["recovery"][-1]["bpb"] - base_bpb
 
 
 def option_rows(runs: dict) -> list[dict]:
@@ -85,7 +98,10 @@ def option_rows(runs: dict) -> list[dict]:
     study = runs[("base", seeds_of(runs, "base")[0])]["study"]
     m_l, longest = study["train_len"], study["lengths"][-1]
     samples = study["probe_samples"]
-    options = list(dict.fromkeys(o for (o, _) in runs if o != "base"))
+    from relbias.hf.retrofit import OPTIONS
+
+    stored = {o for (o, _) in runs if o != "base"}
+    options = [o for o in OPTIONS if o in stored]  # in the order of OPTIONS
     rows = []
     for option in options:
         seeds = seeds_of(runs, option)
@@ -129,9 +145,9 @@ def option_rows(runs: dict) -> list[dict]:
                     ),
                 }
             if stage == "fine_tuned":
-                row["recovery_steps"] = [
-                    recovery_steps(runs[(option, s)], runs[("base", s)]["held_out_bpb"])
-                    for s in seeds
-                ]
+                base_bpb = [runs[("base", s)]["held_out_bpb"] for s in seeds]
+                records = [runs[(option, s)] for s in seeds]
+                row["recovery_steps"] = [recovery_steps(r, b) for r, b in zip(records, base_bpb)]
+                row["final_gap"] = verdict([final_gap(r, b) for r, b in zip(records, base_bpb)])
             rows.append(row)
     return rows

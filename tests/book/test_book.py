@@ -296,8 +296,9 @@ CHAPTER_IDS = [p.stem for p in CHAPTERS]
 # A worked solution "retrains" when one of its code cells calls one of these (the lab's
 # training entry points).
 TRAINING_CALL = re.compile(
-    r"\b(train_lm|train_and_evaluate|train_and_probe|train_with_trainer)\("
-)  # train_with_trainer: chapter 10's Hugging Face Trainer (relbias.book.hf_chapter)
+    r"\b(train_lm|train_and_evaluate|train_and_probe|train_with_trainer|live_retrofit)\("
+)  # train_with_trainer: chapter 10's Hugging Face Trainer (relbias.book.hf_chapter);
+# live_retrofit: chapter 11's fine-tune of a stored base (relbias.book.retrofit)
 # The book's equations (Xiao & Zhu, arXiv 2501.09223 v2, §2.3.5) that each chapter
 # displays. Each must be a displayed equation carrying the book's number as
 # \tag{2.NN}, right after a MyST target (eq-2-NN)= so that any chapter can link to it

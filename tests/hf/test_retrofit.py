@@ -254,6 +254,13 @@ def test_fine_tune_records_the_recovery_curve(base_dir, vocab, tmp_path):
     assert all(p["bpb"] > 0 for p in out["recovery"])
     assert recovery_steps({"fine_tune": out}, base_bpb=1e9) == 0
     assert recovery_steps({"fine_tune": out}, base_bpb=0.0) is None
+    # below the base from step 6 on, above it before: recovers at 6
+    curve = {
+        "fine_tune": {
+            "recovery": [{"step": k, "bpb": b} for k, b in ((0, 2.0), (3, 1.6), (6, 1.5), (9, 1.4))]
+        }
+    }
+    assert recovery_steps(curve, base_bpb=1.5) == 6
 
 
 # --- the runner and its reader -----------------------------------------------------------
@@ -298,12 +305,12 @@ def test_runner_is_resumable_and_its_reader_reads_it(tmp_path, monkeypatch):
     ]
     rows = option_rows(runs)
     assert [(r["option"], r["stage"]) for r in rows] == [
-        ("alibi", "zero_shot"),
-        ("alibi", "fine_tuned"),
         ("control", "zero_shot"),
         ("control", "fine_tuned"),
+        ("alibi", "zero_shot"),
+        ("alibi", "fine_tuned"),
     ]
-    control_zero = rows[2]
+    control_zero = rows[0]
     assert control_zero["near_cost"]["mean"] == 0  # the control's zero shot is the base
     for row in rows:
         assert set(row["bits"]) == {16, 32, 64}

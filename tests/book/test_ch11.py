@@ -1,0 +1,68 @@
+"""Chapter 11's helpers (relbias.book.retrofit) on the stored retrofit study."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("transformers")
+
+from relbias.book import retrofit as rf  # noqa: E402
+from relbias.hf.retrofit import OPTIONS  # noqa: E402
+from relbias.hf.retrofit_results import load_runs, option_rows, seeds_of  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def runs():
+    return load_runs()
+
+
+@pytest.fixture(scope="module")
+def rows(runs):
+    return option_rows(runs)
+
+
+def test_the_stored_study_has_every_option_on_every_base(runs):
+    bases = seeds_of(runs, "base")
+    assert len(bases) >= 3
+    stored = {o for (o, _) in runs if o != "base"}
+    assert stored <= set(OPTIONS)
+    for option in stored:
+        assert seeds_of(runs, option) == bases, option
+    for record in runs.values():
+        assert "+dirty" not in record["provenance"]["commit"]
+
+
+def test_decision_table_has_one_row_per_option(rows, runs):
+    table, headers = rf.decision_table(rows, train_len=runs[("base", 0)]["study"]["train_len"])
+    options = {r["option"] for r in rows}
+    assert len(table) == len(options)
+    assert all(len(line) == len(headers) for line in table)
+    assert {line[0] for line in table} == {rf.LABELS[o] for o in options}
+
+
+def test_tables_and_figures_of_the_lab_notes(rows, runs):
+    for key in ("near_cost", "far_vs_control", "context_use"):
+        table, headers = rf.paired_table(rows, key)
+        assert len(table) == len({r["option"] for r in rows})
+    table, headers = rf.curve_table(rows)
+    assert headers[1] == "128 tokens"
+    for task in ("recall", "latest"):
+        table, headers = rf.probe_table(runs, task)
+        assert table[0][0].startswith("base")
+    options = sorted({r["option"] for r in rows})
+    for fig in (
+        rf.plot_curves(runs, options),
+        rf.plot_recovery(runs, options),
+        rf.plot_probe(runs, options),
+        rf.plot_option(runs, options[0]),
+    ):
+        assert fig.axes
+    setting, _ = rf.setting_rows(runs)
+    assert any("3.3%" in cell for row in setting for cell in row)
+    provenance, _ = rf.provenance_rows(runs)
+    assert len(provenance) == len(runs)
+
+
+def test_base_path_is_the_repositorys_checkpoint():
+    path = rf.base_path(0)
+    assert (path / "model.safetensors").is_file() and (path / "tokenizer.json").is_file()
