@@ -140,10 +140,14 @@ class MixedWindows(torch.utils.data.Dataset):
         return {"input_ids": x, "labels": x}
 
 
-def pretrain(model, dataset, output_dir, *, steps, batch_size, lr, seed, logging_steps=50):
+def pretrain(
+    model, dataset, output_dir, *, steps, batch_size, lr, seed, logging_steps=50, callbacks=()
+):
     """Train ``model`` on ``dataset`` with HF's Trainer (the room's one set-up,
-    :func:`relbias.hf.train.byte_trainer`: in order, linear decay, no warm-up); returns the
-    logged losses ``[{"step", "loss"}, ...]``."""
+    :func:`relbias.hf.train.byte_trainer`: in order, linear decay, no warm-up), with
+    ``callbacks`` (``TrainerCallback``\\ s) added; returns the logged losses
+    ``[{"step", "loss"}, ...]``. The base's pretraining and every retrofit's fine-tune
+    (:func:`relbias.hf.retrofit.fine_tune`) train through it."""
     from relbias.hf.train import byte_trainer
 
     trainer = byte_trainer(
@@ -157,6 +161,8 @@ def pretrain(model, dataset, output_dir, *, steps, batch_size, lr, seed, logging
         logging_steps=logging_steps,
         quiet=True,
     )
+    for callback in callbacks:
+        trainer.add_callback(callback)
     trainer.train()
     return [
         {"step": e["step"], "loss": e["loss"]} for e in trainer.state.log_history if "loss" in e

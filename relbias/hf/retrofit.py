@@ -111,14 +111,16 @@ def held_out_bpb(model, x, sizes) -> float:
 
 
 def fine_tune(model, dataset, output_dir, *, steps, batch_size, lr, seed, held_out, sizes, every):
-    """Fine-tune ``model`` on ``dataset`` with HF's Trainer (the room's one set-up); every
-    ``every`` steps, its bits per byte on ``held_out`` (windows of the training length).
-    Returns ``{"losses": [...], "recovery": [{"step", "bpb"}, ...]}``."""
-    from relbias.hf.train import byte_trainer
+    """Fine-tune ``model`` on ``dataset`` with HF's Trainer (:func:`relbias.hf.pretrain.
+    pretrain`, the room's one set-up); every ``every`` steps, its bits per byte on
+    ``held_out`` (windows of the training length). Returns ``{"losses": [...],
+    "recovery": [{"step", "bpb"}, ...]}``."""
+    from relbias.hf.pretrain import pretrain
 
     every = check_int("every", every, minimum=1)
     curve: list = []
-    trainer = byte_trainer(
+    recovery = _recovery_callback(lambda m: held_out_bpb(m, held_out, sizes), every, curve)
+    losses = pretrain(
         model,
         dataset,
         output_dir,
@@ -127,13 +129,6 @@ def fine_tune(model, dataset, output_dir, *, steps, batch_size, lr, seed, held_o
         lr=lr,
         seed=seed,
         logging_steps=every,
-        quiet=True,
+        callbacks=[recovery],
     )
-    trainer.add_callback(
-        _recovery_callback(lambda m: held_out_bpb(m, held_out, sizes), every, curve)
-    )
-    trainer.train()
-    losses = [
-        {"step": e["step"], "loss": e["loss"]} for e in trainer.state.log_history if "loss" in e
-    ]
     return {"losses": losses, "recovery": curve}
