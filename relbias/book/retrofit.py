@@ -40,7 +40,7 @@ __all__ = [
 LABELS = {
     "control": "RoPE, unchanged",
     "linear": "linear interpolation",
-    "dynamic_ntk": "dynamic NTK",
+    "dynamic_ntk": "NTK, frozen at 2,048 tokens",
     "yarn": "YaRN",
     "alibi": "ALiBi (RoPE off)",
     "t5": "T5 (RoPE off)",

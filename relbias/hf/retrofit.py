@@ -23,7 +23,15 @@ import torch
 
 from relbias._checks import check_choice, check_int
 
-__all__ = ["OPTIONS", "fine_tune", "held_out_bpb", "load_option", "params_added", "rope_parameters"]
+__all__ = [
+    "OPTIONS",
+    "fine_tune",
+    "held_out_bpb",
+    "load_option",
+    "params_added",
+    "reset_dynamic_rope",
+    "rope_parameters",
+]
 
 #: Every option: the RoPE scaling (``rope_type`` for HF's ``rope_parameters``, or None for
 #: RoPE as trained), the relbias family (or None), whether RoPE stays under the bias, and
@@ -96,12 +104,30 @@ def _recovery_callback(read, every: int, curve: list):
     return _Recovery()
 
 
+def reset_dynamic_rope(model) -> None:
+    """Give HF's dynamic RoPE (``rope_type="dynamic"``) its original frequencies back.
+
+    HF grows the rotation base with the longest input a model has read and puts the
+    original back only for an input *shorter* than ``max_position_embeddings``: after a
+    long reading, an input of exactly ``m_l`` tokens is read with the long input's base.
+    A reading that means "dynamic NTK at this length" resets first (then the first input
+    of each length grows the base to that length)."""
+    from relbias.hf._apply import rotary_modules
+
+    for rotary in rotary_modules(model):
+        dynamic = "dynamic" in str(getattr(rotary, "rope_type", ""))
+        if dynamic and hasattr(rotary, "original_inv_freq"):
+            rotary.inv_freq = rotary.original_inv_freq.to(rotary.inv_freq.device).clone()
+            rotary.max_seq_len_cached = rotary.original_max_seq_len
+
+
 @torch.no_grad()
 def held_out_bpb(model, x, sizes) -> float:
     """Bits per byte of ``model`` on the windows ``x`` (``[windows, n]`` token ids), every
     window read from position 0; ``sizes``: the byte length of each token id."""
     was = model.training
     model.eval()
+    reset_dynamic_rope(model)  # read at this length, not at the longest length read before
     logits = model(input_ids=x[:, :-1], use_cache=False).logits.float()
     nats = torch.nn.functional.cross_entropy(
         logits.reshape(-1, logits.shape[-1]), x[:, 1:].reshape(-1), reduction="sum"

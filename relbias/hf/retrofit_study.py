@@ -110,6 +110,9 @@ def read_model(model, data: Data, study: dict) -> dict:
     """The study's reading of one model (see the module's docstring)."""
     from relbias.hf.evaluation import eval_by_length
     from relbias.hf.recall import probe_accuracy
+    from relbias.hf.retrofit import reset_dynamic_rope
+
+    reset_dynamic_rope(model)  # the lengths are read in increasing order from the original
 
     by_length = eval_by_length(
         model,

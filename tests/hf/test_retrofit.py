@@ -225,6 +225,26 @@ def test_each_option_loads_as_specified(base_dir, option):
         assert torch.equal(logits, base(input_ids=ids).logits)
 
 
+def test_dynamic_ntk_reads_m_l_with_its_original_base_after_a_reset(base_dir):
+    """HF keeps the base grown for the longest input until one *shorter* than m_l comes; a
+    reading resets it (relbias.hf.retrofit.reset_dynamic_rope)."""
+    from relbias.hf.retrofit import reset_dynamic_rope
+
+    model = load_option(base_dir, "dynamic_ntk")
+    rotary = model.model.rotary_emb
+    original = rotary.inv_freq.clone()
+    with torch.no_grad():
+        model(input_ids=torch.randint(128, (1, 256)))
+        grown = rotary.inv_freq.clone()
+        model(input_ids=torch.randint(128, (1, 64)))  # exactly m_l: HF keeps the grown base
+    assert not torch.equal(grown, original) and torch.equal(rotary.inv_freq, grown)
+    reset_dynamic_rope(model)
+    assert torch.equal(rotary.inv_freq, original)
+    ids = torch.randint(128, (1, 64))
+    fresh = load_option(base_dir, "dynamic_ntk")
+    assert torch.equal(model(input_ids=ids).logits, fresh(input_ids=ids).logits)
+
+
 def test_load_option_checks_its_arguments(base_dir):
     with pytest.raises(ValueError, match="option"):
         load_option(base_dir, "xpos")
