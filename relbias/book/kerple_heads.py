@@ -12,7 +12,8 @@ at any offset, also past the read-back (the probe's far targets):
 - :func:`initial_parameters`: the values a stored run started from (its configuration and
   seed rebuild the untrained model), for "which exponents training moved";
 - :func:`readback_reach`: the first offset of the read-back where a head's penalty reaches a
-  threshold (5: a key's weight cut by :math:`e^5`), or None;
+  threshold (5: a key's weight cut by :math:`e^5`), or None; :func:`formula_reach`: the same
+  from ``(r1, r2)`` by the head's formula, at any offset (the heads at their start);
 - :func:`plot_penalties`: the trained heads' penalties against the offset, the probe's far
   targets marked (the mechanism of the recall finding, made visible).
 """
@@ -28,6 +29,7 @@ from relbias.book.plots import figure
 
 __all__ = [
     "FORMS",
+    "formula_reach",
     "head_parameters",
     "initial_parameters",
     "penalty_at",
@@ -134,6 +136,35 @@ def readback_reach(results: dict, method: str, threshold: float = 5.0) -> list:
     for rec in results["methods"][method]["seeds"].values():
         for row in rec["learned_bias"]["values"]:
             reach.append(next((o for o, v in enumerate(row) if v <= -threshold), None))
+    return reach
+
+
+def formula_reach(r1, r2, form: str, threshold: float = 5.0) -> list[int]:
+    """For every head ``(r1, r2)``, the first offset ``>= 1`` where its penalty
+    :math:`-\\mathrm{PE}(i, j)/\\sqrt{d}` reaches ``threshold``, by the head's formula (no
+    read-back, so no farthest offset): the power form's penalty reaches it at
+    ``(threshold / r1) ** (1 / r2)``, the log form's at ``(exp(threshold / r1) - 1) / r2``."""
+    r1, r2 = _table(r1), _table(r2)
+    if form == "power":
+        at = (threshold / r1) ** (1 / r2)
+    elif form == "log":
+        at = torch.expm1(threshold / r1) / r2
+    else:
+        raise ValueError(f"form must be 'power' or 'log', got {form!r}")
+    reach = []
+    for h, x in enumerate(at.tolist()):
+
+        def penalty(o, h=h):
+            return float(penalty_at(r1[h : h + 1], r2[h : h + 1], form, [o])[0, 0])
+
+        o = max(1, math.ceil(x))
+        if o < 2**50:  # an offset met exactly may round either way: check its neighbours
+            for _ in range(3):
+                if o > 1 and penalty(o - 1) >= threshold:
+                    o -= 1
+                elif penalty(o) < threshold:
+                    o += 1
+        reach.append(o)
     return reach
 
 

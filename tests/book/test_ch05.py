@@ -61,6 +61,22 @@ def test_head_parameters_give_back_a_kerple_read_back():
         kh.head_parameters(table, "cubic")
 
 
+def test_formula_reach_is_the_first_offset_at_the_threshold():
+    """The reach by formula agrees with scanning the penalty offset by offset."""
+    from relbias.book import kerple_heads as kh
+
+    heads = {"power": ([0.3, 0.02, 1.2, 6.0], [1.7, 0.8, 1.0, 0.5])}
+    heads["log"] = ([2.0, 1.0, 4.0, 6.0], [0.5, 0.1, 1.0, 2.0])
+    for form, (r1, r2) in heads.items():
+        scan = kh.penalty_at(r1, r2, form, range(1, 5_001))
+        want = [1 + int(torch.nonzero(row >= 5)[0]) for row in scan]
+        assert kh.formula_reach(r1, r2, form) == want
+    assert kh.formula_reach([0.1], [1.0], "power") == [50]
+    assert kh.formula_reach([0.02], [0.05], "power")[0] > 10**40  # far, and no scan needed
+    with pytest.raises(ValueError, match="power"):
+        kh.formula_reach([0.1], [1.0], "cubic")
+
+
 def test_stored_heads_refuses_a_read_back_of_another_form():
     from relbias.book import kerple_heads as kh
 
