@@ -35,6 +35,9 @@ def _execute(nb, path: Path, env, timeout: int, kernel_name: str, **client_optio
         NotebookClient(
             nb,
             timeout=timeout,
+            # A loaded 2-core machine (CI: the test pool beside the book's build) can take
+            # more than nbclient's default 60 s to start a kernel; nbval gets 180 s too.
+            startup_timeout=180,
             kernel_name=kernel_name,
             store_widget_state=False,
             resources={"metadata": {"path": str(path.parent)}},

@@ -7,7 +7,9 @@ has can be asked whether it recalls a fact from far back, and whether it still t
 
 - a **statement** sets a key (two uppercase letters) to a digit: the ids of ``" QX="`` then
   the digit's id;
-- a **query** asks for it: the ids of ``" QX?"``; the answer is the next token, the digit;
+- a **query** asks for it: the ids of ``" QX?"`` (``query="question"``), or the statement's
+  own prefix ``" QX="`` again (``query="repeat"``: the copy an induction head makes); the
+  answer is the next token, the digit;
 - ``"recall"``: one statement of the asked key, its digit ``distance`` tokens before the
   position that predicts the answer (the query's last token), and ``distractors`` statements
   of other keys anywhere in the sequence;
@@ -32,6 +34,7 @@ import torch
 from relbias._checks import check_choice, check_int
 
 __all__ = [
+    "QUERIES",
     "TASKS",
     "ProbeVocabulary",
     "probe_accuracy",
@@ -40,6 +43,7 @@ __all__ = [
 ]
 
 TASKS = ("recall", "latest")
+QUERIES = ("question", "repeat")
 _LETTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
 
 
@@ -49,12 +53,14 @@ class ProbeVocabulary:
 
     ``encode``: ``str -> list[int]`` without special tokens (e.g. ``lambda s:
     tokenizer.encode(s, add_special_tokens=False)``); ``keys``: how many two-letter keys
-    (``AA``, ``AB``, ...; at most 676)."""
+    (``AA``, ``AB``, ...; at most 676); ``query``: how a query is written, ``"question"``
+    (``" QX?"``) or ``"repeat"`` (``" QX="``, the statement's prefix)."""
 
-    def __init__(self, encode, *, keys: int = 64):
+    def __init__(self, encode, *, keys: int = 64, query: str = "question"):
         if not callable(encode):
             raise TypeError(f"encode must be a callable str -> list[int], got {type(encode)}")
         keys = check_int("keys", keys, minimum=3)
+        self.query = check_choice("query", query, set(QUERIES))
         if keys > len(_LETTERS) ** 2:
             raise ValueError(f"keys must be at most {len(_LETTERS) ** 2}, got {keys}")
         digits = []
@@ -71,7 +77,8 @@ class ProbeVocabulary:
         step = len(names) // keys  # spread over the alphabet, not AA..CL
         self.names = names[::step][:keys]
         self.statements = [list(encode(f" {k}=")) for k in self.names]
-        self.queries = [list(encode(f" {k}?")) for k in self.names]
+        mark = "?" if self.query == "question" else "="
+        self.queries = [list(encode(f" {k}{mark}")) for k in self.names]
         if any(not ids for ids in self.statements + self.queries):
             raise ValueError("encode returned no ids for a key")
         self.query_len = max(len(q) for q in self.queries)

@@ -59,6 +59,7 @@ STUDY = dict(
     latest_distances=[64, 256, 1024, 1536],
     probe_samples=48,
     probe_keys=64,
+    probe_query="question",
 )
 
 
@@ -98,7 +99,9 @@ class Data:
         self.val = encode_text(self.tokenizer, corpus.val)
         self.sizes = token_bytes(self.tokenizer)
         self.vocab = ProbeVocabulary(
-            lambda s: self.tokenizer.encode(s, add_special_tokens=False), keys=study["probe_keys"]
+            lambda s: self.tokenizer.encode(s, add_special_tokens=False),
+            keys=study["probe_keys"],
+            query=study.get("probe_query", "question"),  # the stored study predates the key
         )
         g = torch.Generator().manual_seed(99)
         n = study["train_len"] + 1
@@ -256,7 +259,7 @@ def main(argv=None) -> int:
         nargs="*",
         default=[],
         metavar="KEY=VALUE",
-        help="override a setting of STUDY (an integer or a number), e.g. base_steps=20",
+        help="override a setting of STUDY (a number or a word), e.g. base_steps=20",
     )
     args = parser.parse_args(argv)
     study = dict(STUDY)
@@ -264,7 +267,10 @@ def main(argv=None) -> int:
         key, _, value = item.partition("=")
         if key not in study or isinstance(study[key], list):
             parser.error(f"--set {item!r}: the settings are {sorted(study)} (not the lists)")
-        study[key] = type(study[key])(float(value)) if "." in value else type(study[key])(value)
+        if isinstance(study[key], str):
+            study[key] = value
+        else:
+            study[key] = type(study[key])(float(value)) if "." in value else type(study[key])(value)
     folder = Path(args.folder)
     data = Data(folder, study)
     for seed in args.seeds:

@@ -96,11 +96,35 @@ def test_training_sequence_answers_every_query_with_the_latest_digit(vocab, seed
         assert int(q.group(2)) == before[-1]
 
 
+@pytest.mark.parametrize("task", ["recall", "latest"])
+@pytest.mark.parametrize("seed", range(3))
+def test_a_repeated_query_is_the_statement_prefix_and_asks_the_newest_digit(task, seed):
+    vocab = ProbeVocabulary(char_encode, keys=40, query="repeat")
+    assert vocab.queries == vocab.statements
+    g = torch.Generator().manual_seed(seed)
+    distance = int(torch.randint(5, 200, (1,), generator=g))
+    x, answers = probe_batch(
+        vocab, char_filler(5000, seed), count=6, distance=distance, task=task, generator=g
+    )
+    for row, answer in zip(x, answers):
+        text = text_of(row)
+        key = re.search(r" ([A-Z]{2})=$", text).group(1)
+        sets = [(m.start(2), int(m.group(2))) for m in re.finditer(rf" ({key})=(\d)", text)]
+        assert max(sets) == (len(text) - 1 - distance, int(answer))
+    row = training_sequence(vocab, char_filler(256, seed), items=6, generator=g)
+    text = text_of(row)
+    for key in {m.group(1) for m in re.finditer(r" ([A-Z]{2})=\d", text)}:
+        digits = re.findall(rf" {key}=(\d)", text)  # one item per key: its statements agree
+        assert len(set(digits)) <= 2 and (len(digits) == 1 or digits[-1] == digits[-2])
+
+
 def test_probe_vocabulary_refuses_digits_of_several_tokens():
     with pytest.raises(ValueError, match="every digit to be one token"):
         ProbeVocabulary(lambda s: [1, 2] if s.isdigit() else [3])
     with pytest.raises(TypeError, match="encode must be a callable"):
         ProbeVocabulary("not callable")
+    with pytest.raises(ValueError, match="query must be one of"):
+        ProbeVocabulary(char_encode, query="ask")
 
 
 def test_probe_batch_checks_its_arguments(vocab):

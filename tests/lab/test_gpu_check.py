@@ -56,7 +56,8 @@ def test_cpu_stages_run_and_write_one_report(tmp_path):
     assert report["provenance"]["budget_s"] == 600
     assert stages["env"]["torch"] and stages["env"]["autocast_dtype"] == "None"
     run = stages["chapters"]["chapters"]["tiny_chapter"]
-    assert "configuration: quick" in run["banner"] and run["claims"] == 2
+    assert "configuration: quick" in (run.get("banner") or ""), run
+    assert run["claims"] == 2
     assert [f["error"] for f in run["failed"]] == ["AssertionError"]
     assert stages["chapters"]["all_claims_held"] is False
     full = stages["full"]["methods"]["alibi"]
