@@ -6,7 +6,13 @@
   input of a reading at all (a clamp into a range that already holds every input the
   reading needs is empty by construction: its reading *is* the model as trained);
 - :func:`clamp_cell`, :func:`plot_fire_clamps`: the clamped readings as a table cell and a
-  figure, with "n/a" where a clamp is empty.
+  figure, with "n/a" where a clamp is empty;
+- :func:`learned_c_L`, :func:`near_gap_offsets`: a stored run's learned ``c`` and ``L``
+  (every stored FIRE record keeps them), and which offsets of a long row get an input below
+  any that training produced;
+- :func:`stored_fire`, :func:`trained_rows`, :func:`plot_trained_rows`: a stored trained
+  FIRE (the 3,000-step sweep keeps its weights), its MLP input and bias at given queries,
+  and the figure of both (the mechanism on the trained model).
 
 The ablation's records (:func:`relbias.lab.ablations.fire_variants`) keep, per seed, the
 learned ``c`` and ``L`` and the smallest and largest nonzero input training produced
@@ -17,6 +23,9 @@ it (``clamp_near``), lowers those above the second to it (``clamp_far``), or bot
 from __future__ import annotations
 
 import math
+import re
+
+import torch
 
 from relbias.book.plots import figure
 from relbias.book.sweeps import show_interval
@@ -28,9 +37,14 @@ __all__ = [
     "clamp_applies",
     "clamp_cell",
     "eval_input_range",
+    "learned_c_L",
+    "near_gap_offsets",
     "plot_fire_clamps",
+    "plot_trained_rows",
     "psi",
+    "stored_fire",
     "trained_offset_alike",
+    "trained_rows",
 ]
 
 #: The clamps of the stored FIRE ablation, in the order its records hold them.
@@ -141,4 +155,107 @@ def plot_fire_clamps(
     fig.legend(
         [handles[r] for r in shown], shown, loc="outside lower center", ncol=len(shown), fontsize=8
     )
+    return fig
+
+
+def learned_c_L(record: dict) -> tuple[float, float]:
+    """The learned ``(c, L)`` of one seed's FIRE record: the ablation's records hold them as
+    ``c`` and ``L``; every sweep record holds the trained module's description in
+    ``learned_bias["module"]`` (``FIRE(num_heads=.., hidden=.., c=0.4145, L=126.1)``: ``c``
+    to 4 decimals, ``L`` to 1), which is read here."""
+    if "c" in record and "L" in record:
+        return float(record["c"]), float(record["L"])
+    text = record.get("learned_bias", {}).get("module", "")
+    found = re.search(r"\bc=([-\d.e]+), L=([-\d.e]+)", text)
+    if not found:
+        raise ValueError("the record keeps no learned c and L of a FIRE module")
+    return abs(float(found.group(1))), float(found.group(2))
+
+
+def near_gap_offsets(c: float, L: float, query: int, train_len: int) -> list[int]:
+    """The nonzero offsets of the row of ``query`` whose MLP input lies below the smallest
+    nonzero input training produced (offset 1 at the last training query ``train_len - 1``):
+    the *near gap*, where the MLP's output was never fitted."""
+    if query < 1 or train_len < 2:
+        raise ValueError(f"query must be >= 1 and train_len >= 2, got {query}, {train_len}")
+    smallest = psi(c, 1) / psi(c, max(L, train_len - 1))
+    denominator = psi(c, max(L, query))
+    return [d for d in range(1, query + 1) if psi(c, d) / denominator < smallest - TOLERANCE]
+
+
+def stored_fire(seed: int = 0):
+    """The trained FIRE bias of the stored 3,000-step sweep's model of ``seed`` (the sweep
+    that keeps its weights: :func:`relbias.book.heuristic_attention.stored_model`), on the
+    CPU, without gradients."""
+    from relbias.book.heuristic_attention import stored_model
+
+    bias = stored_model("fire", seed).bias
+    bias.requires_grad_(False)
+    return bias
+
+
+@torch.no_grad()
+def trained_rows(bias, queries) -> dict:
+    """``{query: (inputs, values)}`` for a FIRE module: its MLP input ``[offsets]`` and its
+    bias ``[heads, offsets]`` (the library's number, added after the scaling) at offsets
+    ``0 .. query`` of one query at position ``query``."""
+    rows = {}
+    for q in queries:
+        x = bias.normalized_input(1, q + 1, q_start=q)[0].flip(0)
+        v = bias(1, q + 1, q_start=q)[:, 0].flip(-1)
+        rows[q] = (x.float(), v.float())
+    return rows
+
+
+def plot_trained_rows(bias, queries=(127, 2047), *, key: int = 100, train_len: int = 128):
+    """Two panels for a trained FIRE module at two query positions (the last training query
+    and a far one): left, the MLP input against the offset, with the path from ``key`` at
+    the far query to the offset of the training row that has its input, and the near gap
+    shaded; right, every head's bias against the offset at both queries (solid: the first
+    query, dashed: the second). Offsets on a log scale, from 1."""
+    first, far = queries
+    rows = trained_rows(bias, queries)
+    c, L = float(bias.c.detach().abs()), float(bias.L.detach())
+    fig, axes = figure(8.0, 3.6, ncols=2)
+    left, right = axes.flat
+    for q, style in zip(queries, ("-", "--")):
+        x, _ = rows[q]
+        left.plot(
+            range(1, q + 1),
+            x[1:].numpy(),
+            style,
+            color="C0" if q == first else "C1",
+            label=f"query {q}",
+        )
+    alike = trained_offset_alike(c, L, key, far, train_len)
+    value = psi(c, key) / psi(c, max(L, far))
+    left.plot([key, key, alike], [0, value, value], ":", color="grey", lw=1)
+    left.plot([alike], [value], "o", color="C0", ms=4)
+    left.plot([key], [value], "o", color="C1", ms=4)
+    left.annotate(
+        f"offset {key} at {far}",
+        (key, value),
+        textcoords="offset points",
+        xytext=(4, -12),
+        fontsize=8,
+    )
+    smallest = psi(c, 1) / psi(c, max(L, train_len - 1))
+    left.axhspan(0, smallest, color="C3", alpha=0.15, lw=0, label="near gap")
+    left.set(xscale="log", xlabel="offset $i - j$ (bytes)", ylabel="MLP input", ylim=(0, 1.02))
+    left.legend(fontsize=8, loc="upper left")
+    for q, style in zip(queries, ("-", "--")):
+        _, v = rows[q]
+        for h in range(v.shape[0]):
+            right.plot(
+                range(1, q + 1),
+                v[h, 1:].numpy(),
+                style,
+                color=f"C{h}",
+                lw=1,
+                label=f"head {h + 1}" if q == first else None,
+            )
+    right.set(xscale="log", xlabel="offset $i - j$ (bytes)", ylabel=r"$\mathrm{PE}(i, j)/\sqrt{d}$")
+    right.legend(fontsize=8, ncol=2, title=f"solid: query {first}, dashed: {far}", title_fontsize=8)
+    for ax in (left, right):
+        ax.set_xlim(1, far + 1)
     return fig

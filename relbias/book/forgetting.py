@@ -289,3 +289,76 @@ def plot_gate_readback(
     )
     ax0.set_title("every head's mean forget rate", fontsize=9)
     return fig
+
+
+# --- the gates that the stored runs learned (no training: the records' read-back) ------------
+
+
+def stored_gate_heads(results: dict, method: str = "forgetting") -> list[dict]:
+    """Every head of every seed of ``method`` in a stored sweep, from the records'
+    ``learned_gate`` (:func:`relbias.lab.readback.gate_readback`, read on held-out tokens after
+    training): one dict per head with ``seed``, ``layer``, ``head``, ``mean`` (the mean
+    :math:`\\log f_t`), ``half_life`` (``ln 2`` over its negative, in tokens), and ``q10``,
+    ``q50``, ``q90`` (the quantiles of :math:`\\log f_t` over the tokens read), in seed, layer,
+    head order."""
+    heads = []
+    seeds = results["methods"][method]["seeds"]
+    for seed in sorted(seeds, key=int):
+        gate = seeds[seed].get("learned_gate")
+        if not gate:
+            raise ValueError(f"{method} seed {seed} has no gate read-back")
+        quantiles = gate["log_forget_quantiles"]
+        for layer, row in enumerate(gate["mean_log_forget"]):
+            for head, mean in enumerate(row):
+                heads.append(
+                    {
+                        "seed": seed,
+                        "layer": layer,
+                        "head": head,
+                        "mean": mean,
+                        "half_life": math.log(2) / -mean if mean < 0 else math.inf,
+                        **{
+                            name: quantiles[q][layer][head]
+                            for name, q in (("q10", "0.1"), ("q50", "0.5"), ("q90", "0.9"))
+                        },
+                    }
+                )
+    return heads
+
+
+def plot_stored_gates(results: dict, method: str = "forgetting"):
+    """One column per trained head (grouped by seed): the range of :math:`\\log f_t` over the
+    tokens read, from its 10 % to its 90 % quantile (bar), its median (dot) and its mean
+    (cross), on one shared axis in nats per token."""
+    heads = stored_gate_heads(results, method)
+    fig, ax = figure(8.0, 3.2)
+    xs, seeds = [], sorted({h["seed"] for h in heads}, key=int)
+    for k, h in enumerate(heads):
+        x = k + seeds.index(h["seed"])  # a gap between seeds
+        xs.append(x)
+        ax.plot(
+            [x, x],
+            [h["q10"], h["q90"]],
+            color="tab:blue",
+            lw=4,
+            alpha=0.45,
+            solid_capstyle="butt",
+            label="10 % to 90 % of tokens" if k == 0 else None,
+        )
+        ax.plot(x, h["q50"], "o", color="tab:blue", ms=4, label="median" if k == 0 else None)
+        ax.plot(x, h["mean"], "x", color="tab:red", ms=6, label="mean" if k == 0 else None)
+    ax.set_xticks(xs, [f"L{h['layer']}H{h['head']}" for h in heads], rotation=90, fontsize=7)
+    ax.axhline(math.log(0.5), color="grey", lw=0.8, ls="--", label=r"$\log\frac{1}{2}$ (the start)")
+    for seed in seeds:
+        at = [x for x, h in zip(xs, heads) if h["seed"] == seed]
+        ax.text(
+            sum(at) / len(at),
+            1.02,
+            f"seed {seed}",
+            transform=ax.get_xaxis_transform(),
+            ha="center",
+            fontsize=8,
+        )
+    ax.set_ylabel(r"$\log f_t$ (nats per token)")
+    ax.legend(fontsize=7, loc="lower left", ncol=4)
+    return fig

@@ -15,7 +15,9 @@ at any offset, also past the read-back (the probe's far targets):
   threshold (5: a key's weight cut by :math:`e^5`), or None; :func:`formula_reach`: the same
   from ``(r1, r2)`` by the head's formula, at any offset (the heads at their start);
 - :func:`plot_penalties`: the trained heads' penalties against the offset, the probe's far
-  targets marked (the mechanism of the recall finding, made visible).
+  targets marked (the mechanism of the recall finding, made visible);
+- :func:`show_difference`: a paired difference's ``mean [low, high]``, a number that would
+  print as zero given the digits that show its sign.
 """
 
 from __future__ import annotations
@@ -215,6 +217,28 @@ def plot_penalties(
     handles, labels = list(shown.values()), list(shown)
     fig.legend(handles, labels, loc="outside lower center", ncol=len(labels), fontsize=8)
     return fig
+
+
+def _signed(x: float, digits: int) -> str:
+    "``x`` with ``digits`` decimals; a nonzero ``x`` that would read 0 with its sign and more."
+    if x == 0 or math.isnan(x) or round(x, digits) != 0:
+        return f"{x:.{digits}f}"
+    more = digits
+    while round(x, more) == 0:
+        more += 1
+    return f"{x:+.{more}f}"
+
+
+def show_difference(iv: dict, digits: int = 3) -> str:
+    """``mean [low, high]`` of a difference (a verdict or an interval) with ``digits``
+    decimals, like :func:`relbias.book.sweeps.show_interval`, except that a number which
+    would round to zero is printed with its sign and the digits it needs (``+0.0001``):
+    whether the interval includes 0 stays readable."""
+    mean = _signed(iv["mean"], digits)
+    if math.isnan(iv["low"]) or math.isnan(iv["high"]):
+        return f"{mean} (one seed)"
+    low, high = (_signed(iv[k], digits) for k in ("low", "high"))
+    return f"{mean} [{low}, {high}]"
 
 
 def _short(x: float) -> str:

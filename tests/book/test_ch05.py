@@ -112,3 +112,19 @@ def test_penalty_table_and_plot():
         "seed 0",
         "every seed",
     ]
+
+
+def test_show_difference_keeps_the_sign_of_an_end_near_zero():
+    """An end that would print as 0.000 shows its sign and the digits it needs."""
+    from relbias.book import kerple_heads as kh
+
+    assert kh.show_difference({"mean": -0.0569, "low": -0.1138, "high": 0.0001}) == (
+        "-0.057 [-0.114, +0.0001]"
+    )
+    assert kh.show_difference({"mean": -0.0155, "low": -0.031, "high": -0.00004}) == (
+        "-0.015 [-0.031, -0.00004]"
+    )
+    assert kh.show_difference({"mean": 0.5, "low": 0.25, "high": 0.75}, 2) == "0.50 [0.25, 0.75]"
+    assert kh.show_difference({"mean": 0.0, "low": math.nan, "high": math.nan}) == (
+        "0.000 (one seed)"
+    )

@@ -172,3 +172,45 @@ def test_plot_fire_clamps_draws_only_the_clamps_that_move_an_input():
     ax = fig.axes[0]
     assert len(ax.containers) == 2  # as trained and clamp_near; clamp_far is n/a
     assert [t.get_text() for t in ax.texts] == ["n/a"]
+
+
+# --- relbias.book.fire: the learned c and L, the near gap, the trained rows -------------------
+
+
+def test_learned_c_L_reads_the_record_or_the_module_description():
+    assert fire_book.learned_c_L({"c": 0.35, "L": 120.5}) == (0.35, 120.5)
+    module = "FIRE(\n  num_heads=4, hidden=32, c=0.4145, L=126.1\n  (hidden_layer): ...)"
+    assert fire_book.learned_c_L({"learned_bias": {"module": module}}) == (0.4145, 126.1)
+    with pytest.raises(ValueError, match="no learned c and L"):
+        fire_book.learned_c_L({"learned_bias": {"module": "ALiBi(num_heads=4)"}})
+
+
+def test_near_gap_holds_the_offsets_below_the_smallest_trained_input():
+    c, L = 0.34, 121.0
+    # the last training row itself has no near gap; a row 16 times as far puts offset 1 there
+    assert fire_book.near_gap_offsets(c, L, 127, 128) == []
+    assert fire_book.near_gap_offsets(c, L, 2047, 128) == [1]
+    # a far larger query squeezes more offsets below it
+    assert len(fire_book.near_gap_offsets(c, L, 10**6, 128)) > 1
+    with pytest.raises(ValueError, match="query must be"):
+        fire_book.near_gap_offsets(c, L, 0, 128)
+
+
+def test_trained_rows_and_their_figure_match_the_module():
+    import torch
+
+    import relbias
+
+    torch.manual_seed(0)
+    bias = relbias.FIRE(4, c=0.3, L=40)
+    rows = fire_book.trained_rows(bias, (39, 200))
+    x, v = rows[200]
+    assert x.shape == (201,) and v.shape == (4, 201)
+    assert float(x[0]) == 0.0 and float(x[-1]) == pytest.approx(1.0, rel=1e-4)
+    with torch.no_grad():
+        full = bias(201)
+    torch.testing.assert_close(v, full[:, 200].flip(-1))
+    fig = fire_book.plot_trained_rows(bias, (39, 200), key=50, train_len=40)
+    left, right = fig.axes[:2]
+    assert [t.get_text() for t in left.get_legend().get_texts()][:2] == ["query 39", "query 200"]
+    assert len(right.lines) == 8  # 4 heads at two queries

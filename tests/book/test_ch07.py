@@ -1,7 +1,12 @@
 """Chapter 7's helpers: the setting box with the interpolation experiment
-(relbias.book.setting.interpolation_words, setting_text_with)."""
+(relbias.book.setting.interpolation_words, setting_text_with), and the split into a lesson
+and its lab notes (the lesson's links and the box's verdicts)."""
 
 from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
 
 import pytest
 
@@ -47,3 +52,43 @@ def test_setting_text_with_adds_the_runs_after_the_stored_sweeps():
 def test_setting_text_with_needs_a_stored_sweep():
     with pytest.raises(ValueError, match="findings must name"):
         setting.setting_text_with(get_config("quick"), (), more=["x"])
+
+
+# --- the split: a lesson and its lab notes ----------------------------------------------------
+
+BOOK = Path(__file__).resolve().parents[2] / "book"
+LESSON, LAB = BOOK / "07_rope_interpolation.ipynb", BOOK / "07_rope_interpolation_lab.ipynb"
+
+
+def _markdown(path: Path) -> str:
+    cells = json.loads(path.read_text(encoding="utf-8"))["cells"]
+    return "\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "markdown")
+
+
+def _claims_source() -> str:
+    cells = json.loads(LAB.read_text(encoding="utf-8"))["cells"]
+    (cell,) = [c for c in cells if "claims" in c["metadata"].get("tags", [])]
+    return "".join(cell["source"])
+
+
+def test_every_section_the_lesson_links_to_is_in_the_lab_notes():
+    labels = set(re.findall(r"^\(([\w-]+)\)=", _markdown(LAB), re.M))
+    linked = set(re.findall(r"<(sec-ch7-[\w-]+)>`", _markdown(LESSON)))
+    assert linked and linked <= labels, sorted(linked - labels)
+    # the lesson keeps the book's equations and their labels (other chapters link to them)
+    for label in ("eq-2-85", "eq-2-90", "eq-2-92", "eq-2-97", "eq-2-100", "eq-2-101"):
+        assert f"({label})=" in _markdown(LESSON)
+
+
+def test_the_answer_boxs_verdicts_are_claimed_in_the_lab_notes():
+    source = _claims_source()
+    for name in (
+        "zero-shot 4x: linear vs none",
+        "zero-shot: none curve",
+        "100 steps 8x: linear vs none",
+        "100 steps 8x: NTK vs none",
+        "100 steps 8x: YaRN vs none",
+        "price at 1x: yarn_no_temp",
+        "rope: fall over the last fifth, 15000 steps",
+    ):
+        assert name in source, name

@@ -206,3 +206,123 @@ def test_table_2_4_reports_the_change_in_bits_with_short_headers():
     bpb = [r["bpb"] for r in res["methods"]["alibi"]["eval"]]
     assert alibi[0] == "alibi" and alibi[-1] == round(bpb[-1] - bpb[0], 2)
     assert alibi[3] == 0 and rows[1][3] == 0  # no learned positional parameters
+
+
+# --- the split: the lesson's answer box, its figures, and what lives on which page ---------------
+
+LABELS = {"curve": "sec-curve", "context": "sec-context", "recall": "sec-recall"}
+
+
+def _probe(accuracy):
+    from relbias.lab.experiments import summarize_retrieval
+
+    def rec(acc, seed):
+        return {
+            "params": 1,
+            "train": {"steps": 1, "final_loss_bits": 1.0, "wall_s": 1.0, "tokens_per_s": 1.0},
+            "eval": [
+                {"length": n, "distance": d, "accuracy": acc + 0.01 * seed, "samples": 100}
+                for n in (16, 64)
+                for d in (3, n - 2)
+            ],
+        }
+
+    return {
+        "kind": "retrieval",
+        "methods": {
+            m: summarize_retrieval({s: rec(a, s) for s in range(3)}) for m, a in accuracy.items()
+        },
+        "seeds": [0, 1, 2],
+        "provenance": {"config": {"train_len": 16, "steps": 1, "probe_steps": 5}},
+    }
+
+
+def test_answer_rows_link_every_verdict_and_give_a_mechanism():
+    text = _with_context(
+        _sweep(),
+        {"alibi": [0.001, -0.002, 0.0005], "rope": [0.9, 1.1, 1.0], "nope": [0.5, 0.6, 0.55]},
+    )
+    probe = _probe({"alibi": 0.2, "rope": 0.85, "nope": 0.85})
+    rows, headers = side_by_side.answer_rows(
+        text, probe, ["alibi", "rope", "nope"], labels=LABELS, sweep_for=lambda m: text
+    )
+    assert headers[0] == "method" and len(headers) == 5
+    by = {r[0]: r for r in rows}
+    assert by["alibi"][1] == side_by_side.MECHANISM["alibi"]
+    assert by["alibi"][2] == "{ref}`improves <sec-curve>`"
+    assert by["rope"][2] == "{ref}`degrades <sec-curve>`"
+    assert by["alibi"][3] == "{ref}`not shown: read as well without them <sec-context>`"
+    assert by["rope"][3] == "{ref}`no: read worse with them <sec-context>`"
+    assert by["alibi"][4] == "{ref}`lower than NoPE <sec-recall>`"
+    assert by["rope"][4] == "{ref}`not told apart from NoPE <sec-recall>`"
+    assert by["nope"][4] == "{ref}`(the reference) <sec-recall>`"
+
+
+def test_every_method_of_the_sweeps_has_a_mechanism():
+    from relbias.lab.model import BASELINE_POSITIONS, BIAS_POSITIONS
+
+    assert set(side_by_side.MECHANISM) >= set(BIAS_POSITIONS) - {"forgetting"} | set(
+        BASELINE_POSITIONS
+    )
+
+
+def test_curve_groups_follow_the_whole_curve():
+    groups = side_by_side.curve_groups(_sweep(), ["rope", "alibi", "nope"])
+    assert list(groups)[:2] == ["improves", "degrades"]
+    assert groups["improves"] == ["alibi"] and groups["degrades"] == ["rope"]
+
+
+def test_plot_curves_gives_each_panel_its_own_scale_and_says_bytes():
+    res = _sweep()
+    fig = side_by_side.plot_curves(res, {"a": ["alibi"], "b": ["rope"]})
+    left, right = fig.axes
+    assert "bytes" in left.get_xlabel() and left.get_ylabel() == "bits per byte"
+    assert left.get_ylim()[1] < right.get_ylim()[1]  # not shared: the small one is not flattened
+
+
+def test_rezoom_late_keeps_the_shorter_run_in_view():
+    short, longer = _sweep(), _sweep(steps=5000)
+    for res, top in ((short, 1000), (longer, 5000)):
+        for m in res["methods"]:
+            for rec in res["methods"][m]["seeds"].values():
+                rec["train"]["val_curve"] = [
+                    {"step": s, "bpb": 3.0 - s / top} for s in range(0, top + 1, top // 10)
+                ]
+    fig = lab_plots.plot_longer_training(short, longer, [["alibi"], ["rope", "nope"]])
+    side_by_side.rezoom_late(fig)
+    for ax in fig.axes:
+        low, high = ax.get_ylim()
+        assert high >= 3.0 - 0.2 and low <= 2.0  # the shorter run after its first fifth
+
+
+def test_plot_t5_bias_draws_every_head_below_its_largest():
+    def record(values):
+        return {"learned_bias": {"values": values, "max_offset": len(values[0]) - 1}}
+
+    res = {"methods": {"t5": {"seeds": {"0": record([[0.0, -1.0, -2.0], [1.0, 0.5, -1.0]])}}}}
+    assert side_by_side.t5_tables(res) == [[[0.0, -1.0, -2.0], [0.0, -0.5, -2.0]]]
+    fig = side_by_side.plot_t5_bias({"a": res, "b": res}, train_len=2, last_bucket=1)
+    assert len(fig.axes) == 2 and "PE(i, j)" in fig.axes[0].get_ylabel()
+
+
+def _markdown(name):
+    import json
+    from pathlib import Path
+
+    nb = json.loads((Path(__file__).resolve().parents[2] / "book" / name).read_text())
+    return "\n".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "markdown")
+
+
+def test_the_lesson_leads_with_the_answer_and_says_which_run():
+    text = _markdown("08_side_by_side.ipynb")
+    assert text.index("The answer") < text.index("## Learning goals")
+    assert "{glue:md} ch8_answer" in text
+    summary = text[text.index("## What to remember") : text.index("## Exercises")]
+    far = next(b for b in summary.split("\n- ") if "far context" in b)
+    assert "3,000 steps" in far  # the far-context bullet names the run it was measured on
+
+
+def test_the_lab_notes_hold_every_label_of_the_old_page():
+    text = _markdown("08_side_by_side_lab.ipynb")
+    for label in ("sec-ch8-finding", "sec-ch8-context", "sec-ch8-longer", "sec-ch8-probe"):
+        assert f"({label})=" in text

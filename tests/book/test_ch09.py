@@ -79,3 +79,41 @@ def test_plot_trap_errors_has_one_panel_per_entry_and_a_legend_below():
     assert len(axes) == 2 and [ax.get_title() for ax in axes] == ["a", "b"]
     assert all(ax.get_legend() is None for ax in axes) and len(fig.legends) == 1
     assert len(axes[0].get_lines()) == len(forgetting.TRAP_WAYS)
+
+
+def _stored_sweep():
+    """A sweep record holding two seeds' gate read-back (2 layers, 2 heads)."""
+
+    def gate(shift):
+        quantiles = {
+            q: [[-2.0 + shift + d, -1.0 + d], [-0.5 + d, -3.0 + d]]
+            for q, d in (("0.1", -1.0), ("0.5", 0.0), ("0.9", 0.5))
+        }
+        mean = [[-2.0 + shift, -1.0], [-0.5, -3.0]]
+        return {"tokens": 64, "mean_log_forget": mean, "log_forget_quantiles": quantiles}
+
+    seeds = {"1": {"learned_gate": gate(0.5)}, "0": {"learned_gate": gate(0.0)}}
+    return {"methods": {"forgetting": {"seeds": seeds}}}
+
+
+def test_stored_gate_heads_reads_every_head_in_order():
+    heads = forgetting.stored_gate_heads(_stored_sweep())
+    assert [(h["seed"], h["layer"], h["head"]) for h in heads][:3] == [
+        ("0", 0, 0),
+        ("0", 0, 1),
+        ("0", 1, 0),
+    ]
+    assert len(heads) == 8 and heads[4]["seed"] == "1"
+    first = heads[0]
+    assert (first["q10"], first["q50"], first["q90"]) == (-3.0, -2.0, -1.5)
+    assert math.isclose(first["half_life"], math.log(2) / 2.0)
+    record = _stored_sweep()
+    del record["methods"]["forgetting"]["seeds"]["0"]["learned_gate"]
+    with pytest.raises(ValueError):
+        forgetting.stored_gate_heads(record)
+
+
+def test_plot_stored_gates_draws_every_head():
+    fig = forgetting.plot_stored_gates(_stored_sweep())
+    (ax,) = fig.get_axes()
+    assert len(ax.get_xticks()) == 8 and ax.get_legend() is not None

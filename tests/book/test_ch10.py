@@ -1,7 +1,11 @@
-"""Chapter 10's helpers (relbias.book.hf_chapter): the Llama, the Trainer, the cache check,
-the figure and the setting box."""
+"""Chapter 10: its helpers (relbias.book.hf_chapter: the Llama, the Trainer, the cache check,
+the figure and the setting box) and its two pages (the lesson shows its names and checks)."""
 
 from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
 
 import pytest
 
@@ -69,3 +73,78 @@ def test_setting_text_has_the_books_four_lines():
     ]
     assert "hidden size 64" in text and "4 heads of dimension 16" in text
     assert "300 steps of 16 windows" in text and "sec-setting" in text
+
+
+def test_randomise_biases_fills_every_table_away_from_zero():
+    for family in ("t5", "kerple_log", "fire"):
+        model = rh.apply(hc.small_llama(), family)
+        hc.randomise_biases(model, seed=1)
+        values = torch.cat([p.detach().flatten() for b in rh.biases(model) for p in b.parameters()])
+        assert float(values.min()) >= 0.1 and float(values.max()) < 1.1
+        assert len(set(values.tolist())) > 1  # a different number at every entry
+
+
+# --- the two pages: the lesson shows its names and its checks; the lab notes hold the study ---
+
+
+BOOK = Path(__file__).resolve().parents[2] / "book"
+LESSON = BOOK / "10_bring_your_model.ipynb"
+LAB = BOOK / "10_bring_your_model_lab.ipynb"
+HIDDEN = {"remove-cell", "remove-input"}
+
+
+def _cells(path):
+    return json.loads(path.read_text(encoding="utf-8"))["cells"]
+
+
+def _src(cell):
+    return "".join(cell["source"]) if isinstance(cell["source"], list) else cell["source"]
+
+
+def _visible_code(path):
+    return [
+        _src(c)
+        for c in _cells(path)
+        if c["cell_type"] == "code" and not HIDDEN & set(c.get("metadata", {}).get("tags", []))
+    ]
+
+
+def test_the_lesson_defines_every_name_its_code_uses_where_it_is_seen():
+    shown = "\n".join(_visible_code(LESSON))
+    for name in ("hc", "STEPS", "BATCH", "TRAIN_LEN", "nb", "rh", "corpus", "llama"):
+        assert re.search(
+            rf"^(\w+, )*{name}\b.*=|import .* as {name}\b|^def {name}\(", shown, re.M
+        ), name
+    # the visible settings are the helpers' (the lab notes' setting box reads hc.LIVE)
+    cell = next(c for c in _cells(LESSON) if c.get("id") == "ch10-live-run")
+    values = dict(re.findall(r"^(TRAIN_LEN) = (\d+)", _src(cell), re.M))
+    steps, batch = re.search(r"^STEPS, BATCH = (\d+), (\d+)", _src(cell), re.M).groups()
+    assert {"steps": int(steps), "batch_size": int(batch), "seq_len": int(values["TRAIN_LEN"])} == (
+        hc.LIVE
+    )
+
+
+def test_the_lesson_shows_the_cache_check_and_the_gates_refusal():
+    shown = "\n".join(_visible_code(LESSON))
+    assert "cached_logits_gap" in shown and "rh.FAMILIES" in shown and "TOLERANCE" in shown
+    assert "use_cache=False" in shown
+    lab_shown = "\n".join(_visible_code(LAB))
+    assert "randomise_biases" in lab_shown and "cached_logits_gap" in lab_shown
+
+
+def test_the_answer_box_links_every_verdict_to_a_lab_section():
+    lesson_md = [_src(c) for c in _cells(LESSON) if c["cell_type"] == "markdown"]
+    box = next(s for s in lesson_md[:3] if "{admonition} The answer" in s)
+    rows = [line for line in box.splitlines() if line.startswith("| ") and "---" not in line][1:]
+    labels = set(
+        re.findall(
+            r"^\(([\w-]+)\)=",
+            "\n".join(_src(c) for c in _cells(LAB) if c["cell_type"] == "markdown"),
+            re.M,
+        )
+    )
+    assert len(rows) == 4
+    for row in rows:
+        linked = re.findall(r"<(sec-ch10-[\w-]+)>", row)
+        assert len(linked) == 2 and set(linked) <= labels, row
+    assert "Chapter 11" in lesson_md[0] and "11_extending_a_trained_model" in lesson_md[0]
