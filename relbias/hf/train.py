@@ -2,9 +2,10 @@
 
 The road to many processes is HF's: the same script runs in one process or under
 ``torchrun --nproc_per_node N`` (DDP; gloo on the CPU, NCCL on GPUs), or through
-``accelerate launch`` (DDP or FSDP). For the same global batch (``--global-batch``, split
-evenly across the processes, each step reading the same examples in order) the loss curve
-is the one-process curve within float tolerance::
+``accelerate launch`` (DDP or FSDP). It trains on the GPU where CUDA is available (one per
+process), else on the CPU; ``--cpu`` keeps it on the CPU. For the same global batch
+(``--global-batch``, split evenly across the processes, each step reading the same
+examples in order) the loss curve is the one-process curve within float tolerance::
 
     python -m relbias.hf.train --family kerple_log --out one.json
     torchrun --nproc_per_node 2 -m relbias.hf.train --family kerple_log --out two.json
@@ -205,6 +206,9 @@ def main(argv=None) -> dict:
     parser.add_argument("--output-dir", default=None, help="the Trainer's folder (a temp one)")
     parser.add_argument("--out", default=None, help="write the result here (JSON, rank 0)")
     parser.add_argument("--compile", action="store_true", help="torch.compile the model")
+    parser.add_argument(
+        "--cpu", action="store_true", help="train on the CPU even where CUDA is available"
+    )
     args = parser.parse_args(argv)
     import tempfile
 
@@ -220,6 +224,7 @@ def main(argv=None) -> dict:
             lr=args.lr,
             seed=args.seed,
             corpus_bytes=args.corpus_bytes,
+            use_cpu=args.cpu or not torch.cuda.is_available(),
             torch_compile=args.compile,
         )
     result["family"] = args.family

@@ -54,3 +54,18 @@ def test_trainer_trains_a_biased_llama_and_the_loss_falls(tmp_path, family):
     after = [p.detach() for b in rh.biases(model) for p in b.parameters()]
     assert any(not torch.equal(a, b) for a, b in zip(before, after)), "the bias did not learn"
     assert model.config._attn_implementation == rh.ATTN_IMPLEMENTATION
+
+
+@pytest.mark.parametrize(
+    ("cuda", "flag", "cpu"), [(False, [], True), (True, [], False), (True, ["--cpu"], True)]
+)
+def test_the_script_trains_on_the_gpu_where_there_is_one(monkeypatch, cuda, flag, cpu):
+    """`python -m relbias.hf.train` (the page's torchrun/accelerate road) takes the GPU where
+    CUDA is available and `--cpu` keeps it on the CPU."""
+    import relbias.hf.train as script
+
+    seen = {}
+    monkeypatch.setattr(script.torch.cuda, "is_available", lambda: cuda)
+    monkeypatch.setattr(script, "train_on_bytes", lambda model, out, **kw: seen.update(kw) or {})
+    script.main(["--family", "alibi", "--steps", "1", *flag])
+    assert seen["use_cpu"] is cpu
