@@ -19,7 +19,9 @@ __all__ = [
     "LABELS",
     "base_path",
     "curve_table",
+    "base_vocab",
     "decision_table",
+    "decode_operator_ratios",
     "latency_rows",
     "live_retrofit",
     "live_table",
@@ -40,7 +42,7 @@ __all__ = [
 LABELS = {
     "control": "RoPE, unchanged",
     "linear": "linear interpolation",
-    "dynamic_ntk": "NTK, frozen at 2,048 tokens",
+    "dynamic_ntk": "dynamic NTK",
     "yarn": "YaRN",
     "alibi": "ALiBi (RoPE off)",
     "t5": "T5 (RoPE off)",
@@ -84,10 +86,25 @@ def _ordering(v: dict, lower: str, higher: str) -> str:
     return {"lower": lower, "higher": higher}.get(v["answer"], v["answer"])
 
 
-def _curve_words(curve: dict) -> str:
+def _curve_words(curve: dict, bits: dict | None = None) -> str:
+    """The whole curve's verdict in words, read whole: where the verdict is "improves"
+    ("degrades") but some change the other way separates at the edge, say where the curve
+    turns (its lowest mean) and that it turns only at the edge."""
     answer = curve["answer"]
     if curve.get("turns_at"):
         answer += f" (at {curve['turns_at']})"
+    if answer in ("improves", "degrades") and bits:
+        back = [
+            c
+            for c in curve["changes"]
+            if c["answer"] == "at the edge" and (c["mean"] > 0) == (answer == "improves")
+        ]
+        if back:
+            means = {n: statistics.fmean(v) for n, v in bits.items()}
+            lowest = min(means, key=means.get)
+            if answer == "improves":
+                return f"improves to {lowest} tokens, rises past it at the edge"
+            return f"degrades past {lowest} tokens, after a fall at the edge"
     return answer
 
 
@@ -109,7 +126,7 @@ def decision_table(rows: list[dict], stage: str = "fine_tuned", *, train_len: in
             LABELS[option],
             f"{r['params_added']:,}",
             f"{_signed(r['near_cost'], 3)} ({_ordering(r['near_cost'], 'better', 'worse')})",
-            _curve_words(r["curve"]),
+            _curve_words(r["curve"], r["bits"]),
             "the reference"
             if option == "control"
             else f"{_signed(r['far_vs_control'])} "
@@ -182,23 +199,36 @@ def plot_curves(runs: dict, options):
 
 
 def plot_recovery(runs: dict, options):
-    """The fine-tune's loss at ``m_l`` on held-out windows against its step, mean over
-    seeds, with the base's (dashed)."""
+    """The fine-tune's loss at ``m_l`` on held-out windows against its step, minus the base's
+    (seed by seed, then the mean over seeds; 0, dashed: the base's loss). The y axis is linear
+    up to 0.1 bits and logarithmic above, so that both the bias swaps' start (about a bit
+    above) and the gaps of a few hundredths at the end can be read."""
+    from matplotlib.ticker import FixedLocator, NullFormatter
+
     from relbias.hf.retrofit_results import seeds_of
 
-    fig, ax = figure(7.5, 4.0)
-    seeds = seeds_of(runs, "base")
-    base = statistics.fmean(runs[("base", s)]["held_out_bpb"] for s in seeds)
-    ax.axhline(base, color="k", linestyle="--", label="base")
+    fig, ax = figure(8.5, 4.0)
+    ax.axhline(0.0, color="k", linestyle="--", label="base")
     for option in options:
-        curves = [runs[(option, s)]["fine_tune"]["recovery"] for s in seeds_of(runs, option)]
+        seeds = seeds_of(runs, option)
+        base = [runs[("base", s)]["held_out_bpb"] for s in seeds]
+        curves = [runs[(option, s)]["fine_tune"]["recovery"] for s in seeds]
         steps = [p["step"] for p in curves[0]]
-        means = [statistics.fmean(c[i]["bpb"] for c in curves) for i in range(len(steps))]
+        means = [
+            statistics.fmean(c[i]["bpb"] - b for c, b in zip(curves, base))
+            for i in range(len(steps))
+        ]
         ax.plot(steps, means, marker=".", label=LABELS[option])
-    ax.set_yscale("log")
+    ax.set_yscale("symlog", linthresh=0.1, linscale=2.0)
+    ticks = [0.0, 0.025, 0.05, 0.075, 0.1, 0.2, 0.5, 1.0]
+    ax.yaxis.set_major_locator(FixedLocator(ticks))
+    ax.yaxis.set_minor_formatter(NullFormatter())
+    ax.set_yticks(ticks, [f"{t:g}" for t in ticks])
+    ax.set_ylim(-0.01, 1.5)
+    ax.grid(axis="y", linewidth=0.4, alpha=0.5)
     ax.set_xlabel("fine-tune step")
-    ax.set_ylabel("bits per byte at m_l (held out)")
-    ax.legend(fontsize=7, ncol=2)
+    ax.set_ylabel("bits per byte at m_l (held out),\nminus the base's")
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     return fig
 
 
@@ -281,7 +311,7 @@ def curve_table(rows: list[dict], stage: str = "fine_tuned"):
             [
                 LABELS[option],
                 *(_interval_cell(r["bits"][n]) for n in lengths),
-                _curve_words(r["curve"]),
+                _curve_words(r["curve"], r["bits"]),
             ]
         )
     return out, ["option", *(f"{n} tokens" for n in lengths), "the whole curve"]
@@ -367,7 +397,11 @@ def setting_rows(runs: dict):
     budget = token_budget(s)
     rows = [
         ["model", f"Llama, RoPE (theta 10,000), {base['parameters']:,} parameters"],
-        ["tokenizer", f"byte-level BPE, {s['vocab_size']:,} ids, trained on the training split"],
+        [
+            "tokenizer",
+            f"byte-level BPE, {s['vocab_size']:,} merged ids and an end-of-text token "
+            f"(the models' vocabulary: {base_vocab(seeds[0]):,}), trained on the training split",
+        ],
         ["training length m_l", f"{s['train_len']} tokens"],
         [
             "pretraining",
@@ -408,13 +442,117 @@ def setting_rows(runs: dict):
 
 
 def provenance_rows(runs: dict):
-    """Where every stored run came from: option, seed, commit, wall time, command."""
+    """Where every stored run came from: option, seed, commit, wall time, command (as code;
+    the ``--folder`` of the repository's own study folder, the default, left out)."""
     out = []
     for (option, seed), r in sorted(runs.items(), key=lambda kv: (kv[0][0] != "base", kv[0])):
         p = r["provenance"]
-        command = re.sub(r" --folder \S+", "", p["command"])  # the repository's folder
-        out.append([option, seed, p["commit"][:10], f"{p['wall_s']:,.0f}", command])
+        command = re.sub(r" --folder \S*relbias/hf/results/retrofit/?(?=\s|$)", "", p["command"])
+        out.append([option, seed, p["commit"][:10], f"{p['wall_s']:,.0f}", f"`{command}`"])
     return out, ["run", "seed", "commit", "seconds", "command"]
+
+
+def base_vocab(seed: int = 0) -> int:
+    """The vocabulary size of the stored base of ``seed`` (its ``config.json``)."""
+    import json
+
+    return json.loads((base_path(seed) / "config.json").read_text())["vocab_size"]
+
+
+#: The families and settings of ``tests/hf/test_hf_decode_work.py``'s count (FIRE's
+#: threshold 3, so that its queries pass it).
+_COUNTED = {
+    "offset": {"max_offset": 6},
+    "t5": {"num_buckets": 8, "max_distance": 12},
+    "alibi": {},
+    "sandwich": {"dim": 8},
+    "kerple_power": {},
+    "kerple_log": {},
+    "fire": {"hidden": 8, "L": 3.0},
+}
+
+
+def decode_operator_ratios(rows=((6,), (6, 3))) -> dict:
+    """The aten operations of one cached decoding step of a tiny Llama (hidden 32, 2 layers,
+    4 heads, 2 key/value heads) with each family of ``relbias.hf``, over the same model's
+    with RoPE on SDPA, counted as ``tests/hf/test_hf_decode_work.py`` counts them (after two
+    warm-up steps, nested operations included): ``{rows: {family: ratio}}`` for a prompt of
+    one row and of two left-padded rows. Counted, never timed."""
+    import contextlib
+
+    import torch
+    from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
+
+    import relbias.hf as rh
+
+    def tiny():
+        config = LlamaConfig(
+            vocab_size=64,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=256,
+            pad_token_id=0,
+            bos_token_id=None,
+            eos_token_id=None,
+            tie_word_embeddings=False,
+        )
+        torch.manual_seed(0)
+        return LlamaForCausalLM(config).eval()
+
+    @contextlib.contextmanager
+    def quiet():  # the profiler's C++ start/stop lines go to file descriptor 2
+        saved = os.dup(2)
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 2)
+            try:
+                yield
+            finally:
+                os.dup2(saved, 2)
+                os.close(saved)
+
+    @torch.no_grad()
+    def ops(model, lengths):
+        g = torch.Generator().manual_seed(5)
+        width = max(lengths)
+        ids = torch.zeros(len(lengths), width, dtype=torch.long)
+        mask = torch.zeros_like(ids)
+        for b, n in enumerate(lengths):
+            ids[b, width - n :] = torch.randint(1, 64, (n,), generator=g)
+            mask[b, width - n :] = 1
+        state = {"mask": mask, "pos": (mask.cumsum(-1) - 1).clamp(min=0)}
+        cache = DynamicCache(config=model.config)
+        out = model(input_ids=ids, attention_mask=mask, position_ids=state["pos"], cache=cache)
+        state["tok"] = out.logits[:, -1:].argmax(-1)
+
+        def step():
+            state["mask"] = torch.cat([state["mask"], torch.ones_like(state["mask"][:, :1])], 1)
+            state["pos"] = state["pos"][:, -1:] + 1
+            logits = model(
+                input_ids=state["tok"],
+                attention_mask=state["mask"],
+                position_ids=state["pos"],
+                cache=cache,
+            ).logits
+            state["tok"] = logits[:, -1:].argmax(-1)
+
+        step()
+        step()
+        with quiet(), torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as p:
+            step()
+        return sum(e.name.startswith("aten::") for e in p.events())
+
+    out = {}
+    for lengths in rows:
+        rope = ops(tiny(), lengths)
+        out[lengths] = {}
+        for family, kwargs in _COUNTED.items():
+            model = tiny()
+            rh.apply(model, family, **kwargs)
+            out[lengths][family] = ops(model, lengths) / rope
+    return out
 
 
 def plot_option(runs: dict, option: str):

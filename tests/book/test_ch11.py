@@ -66,3 +66,30 @@ def test_tables_and_figures_of_the_lab_notes(rows, runs):
 def test_base_path_is_the_repositorys_checkpoint():
     path = rf.base_path(0)
     assert (path / "model.safetensors").is_file() and (path / "tokenizer.json").is_file()
+
+
+def test_a_curve_is_read_whole(rows):
+    """An "improves" that rises again at the edge says so (YaRN + ALiBi after the fine-tune);
+    the words of a curve with nothing the other way are the verdict's."""
+    table, _ = rf.curve_table(rows, "fine_tuned")
+    words = {line[0]: line[-1] for line in table}
+    assert words[rf.LABELS["yarn+alibi"]].startswith("improves to 512 tokens, rises past it")
+    assert words[rf.LABELS["alibi"]] == "improves, then levels off"
+
+
+def test_provenance_commands_are_code_and_keep_a_foreign_folder(runs):
+    table, _ = rf.provenance_rows(runs)
+    commands = [line[-1] for line in table]
+    assert all(
+        c.startswith("`python -m relbias.hf.retrofit_study") and c.endswith("`") for c in commands
+    )
+    assert not any("relbias/hf/results/retrofit" in c for c in commands)  # the default folder
+    for line in table:
+        if line[0] == "dynamic_ntk":
+            assert "--options dynamic_ntk --folder" in line[-1]
+
+
+def test_setting_states_the_models_vocabulary(runs):
+    setting, _ = rf.setting_rows(runs)
+    tokenizer = next(cell for name, cell in setting if name == "tokenizer")
+    assert f"{rf.base_vocab(0):,}" in tokenizer and rf.base_vocab(0) == 1025
