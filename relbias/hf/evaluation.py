@@ -37,11 +37,16 @@ def _forward_of(model):
 
     from transformers import PreTrainedModel
 
+    from relbias.hf.retrofit import reset_dynamic_rope
+
     is_hf = isinstance(model, PreTrainedModel)
 
     def forward(ids):
         ids = ids.to(device)
         if is_hf:
+            # HF's dynamic RoPE keeps the base the longest input grew (it resets only below
+            # m_l): every input here is read at its own length, as if it came first
+            reset_dynamic_rope(model)
             out = model(input_ids=ids, use_cache=False)
         else:
             out = model(ids)

@@ -269,6 +269,21 @@ def test_dynamic_ntk_reads_m_l_with_its_original_base_after_a_reset(base_dir):
     assert torch.equal(model(input_ids=ids).logits, fresh(input_ids=ids).logits)
 
 
+def test_every_reading_of_dynamic_ntk_reads_each_input_at_its_own_length(base_dir):
+    """The readers (eval_by_length's sliding windows, the probes) reset HF's dynamic base
+    before every input: an m_l-token window read after a long one reads as a fresh model."""
+    from relbias.hf.evaluation import _forward_of
+
+    model = load_option(base_dir, "dynamic_ntk").eval()
+    forward = _forward_of(model)
+    ids = torch.randint(128, (1, 64))  # exactly m_l tokens
+    with torch.no_grad():
+        forward(torch.randint(128, (1, 256)))
+        after_long = forward(ids)
+        fresh = load_option(base_dir, "dynamic_ntk").eval()(input_ids=ids).logits
+    assert torch.equal(after_long, fresh)
+
+
 def test_load_option_checks_its_arguments(base_dir):
     with pytest.raises(ValueError, match="option"):
         load_option(base_dir, "xpos")
