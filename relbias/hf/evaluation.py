@@ -21,6 +21,23 @@ from relbias.lab.data import spread_eval_windows
 UNITS = ("token", "byte")
 
 
+def reset_dynamic_rope(model) -> None:
+    """Give HF's dynamic RoPE (``rope_type="dynamic"``) its original frequencies back.
+
+    HF grows the rotation base with the longest input a model has read and puts the
+    original back only for an input *shorter* than ``max_position_embeddings``: after a
+    long reading, an input of exactly ``m_l`` tokens is read with the long input's base.
+    A reading that means "dynamic NTK at this length" resets first (then the first input
+    of each length grows the base to that length)."""
+    from relbias.hf._apply import rotary_modules
+
+    for rotary in rotary_modules(model):
+        dynamic = "dynamic" in str(getattr(rotary, "rope_type", ""))
+        if dynamic and hasattr(rotary, "original_inv_freq"):
+            rotary.inv_freq = rotary.original_inv_freq.to(rotary.inv_freq.device).clone()
+            rotary.max_seq_len_cached = rotary.original_max_seq_len
+
+
 def _forward_of(model):
     """``ids [batch, n] -> logits [batch, n, vocab]`` for a transformers model, a module or
     a callable; the model's device and eval mode (restored by the caller)."""
@@ -36,8 +53,6 @@ def _forward_of(model):
             device = first.device
 
     from transformers import PreTrainedModel
-
-    from relbias.hf.retrofit import reset_dynamic_rope
 
     is_hf = isinstance(model, PreTrainedModel)
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 import torch
 
 from relbias._checks import check_choice, check_int
+from relbias.hf.evaluation import reset_dynamic_rope
 
 __all__ = [
     "OPTIONS",
@@ -102,23 +103,6 @@ def _recovery_callback(read, every: int, curve: list):
                 curve.append({"step": state.global_step, "bpb": read(model)})
 
     return _Recovery()
-
-
-def reset_dynamic_rope(model) -> None:
-    """Give HF's dynamic RoPE (``rope_type="dynamic"``) its original frequencies back.
-
-    HF grows the rotation base with the longest input a model has read and puts the
-    original back only for an input *shorter* than ``max_position_embeddings``: after a
-    long reading, an input of exactly ``m_l`` tokens is read with the long input's base.
-    A reading that means "dynamic NTK at this length" resets first (then the first input
-    of each length grows the base to that length)."""
-    from relbias.hf._apply import rotary_modules
-
-    for rotary in rotary_modules(model):
-        dynamic = "dynamic" in str(getattr(rotary, "rope_type", ""))
-        if dynamic and hasattr(rotary, "original_inv_freq"):
-            rotary.inv_freq = rotary.original_inv_freq.to(rotary.inv_freq.device).clone()
-            rotary.max_seq_len_cached = rotary.original_max_seq_len
 
 
 @torch.no_grad()
