@@ -12,14 +12,16 @@ import torch
 from IPython.display import Markdown
 from IPython.display import display as _display
 
-from relbias.book.plots import figure
+from relbias.book.plots import figure, plot_bias_by_offset
 from relbias.hf.train import SMALL_LLAMA, ByteWindows, byte_trainer
 
 __all__ = [
     "LIVE",
     "LLAMA",
     "STORED",
+    "SCALED_LABEL",
     "cached_logits_gap",
+    "plot_bias",
     "plot_by_length",
     "randomise_biases",
     "setting_box",
@@ -105,6 +107,21 @@ def cached_logits_gap(model, prompts: torch.Tensor, new_tokens: int, cache: str)
     full = model(input_ids=out.sequences, use_cache=False).logits
     start = prompts.shape[1] - 1
     return max(float((step - full[:, start + t]).abs().max()) for t, step in enumerate(out.logits))
+
+
+#: The y label of this chapter's bias figures: ``relbias.hf`` adds the bias after HF's
+#: 1/sqrt(d) scale, so the number drawn is the book's PE(i, j) divided by sqrt(d).
+SCALED_LABEL = "PE(i, j)/√d"
+
+
+def plot_bias(bias, max_offset: int, **kwargs):
+    """:func:`relbias.book.plots.plot_bias_by_offset` with the y axis in the book's notation
+    for a bias added after the scale: :data:`SCALED_LABEL` on every panel."""
+    fig = plot_bias_by_offset(bias, max_offset, **kwargs)
+    for ax in fig.axes:
+        if ax.get_ylabel():
+            ax.set_ylabel(SCALED_LABEL)
+    return fig
 
 
 def plot_by_length(readings: dict, train_len: int):

@@ -148,3 +148,10 @@ def test_the_answer_box_links_every_verdict_to_a_lab_section():
         linked = re.findall(r"<(sec-ch10-[\w-]+)>", row)
         assert len(linked) == 2 and set(linked) <= labels, row
     assert "Chapter 11" in lesson_md[0] and "11_extending_a_trained_model" in lesson_md[0]
+
+
+def test_plot_bias_labels_the_scaled_bias():
+    model = rh.apply(hc.small_llama(), "alibi")
+    fig = hc.plot_bias({"a": rh.biases(model)[0], "b": rh.biases(model)[1]}, 32, mark=(16,))
+    labels = [ax.get_ylabel() for ax in fig.axes if ax.get_ylabel()]
+    assert labels and set(labels) == {hc.SCALED_LABEL}
