@@ -56,7 +56,8 @@ def repeat_claim(
 def trained_biases(results: dict, method: str, seed: str, n: int) -> relbias.OffsetBias:
     """The causal bias of one stored run of ``method`` (ALiBi or a Kerple form), from its
     trained ``(r1, r2)`` (:func:`relbias.book.kerple_heads.stored_heads`), at offsets
-    ``0 .. n-1`` as an offset table (the library's number, after the scaling)."""
+    ``0 .. n-1`` as an offset table: the library's number :math:`b = \\mathrm{PE}/\\sqrt{d}`, added
+    after the attention scaling (the book's PE sits inside it)."""
     r1, r2 = kh.stored_heads(results, method)[seed]
     table = -kh.penalty_at(r1, r2, kh.FORMS[method], range(n))
     bias = relbias.OffsetBias(len(r1), max_offset=n - 1)

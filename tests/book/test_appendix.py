@@ -59,6 +59,11 @@ def test_the_claims_live_in_the_lab_notes_and_hold():
     assert claimed["full run: alibi within its forward goal"]["answer"] == "lower"
     assert claimed["full run: sandwich within its forward goal"]["answer"] == "higher"
     assert all(v["paired"] for v in claimed.values())
+    # forward plus backward against the floor: the offset table (no block skipped) below it,
+    # FIRE above it at 2,048 tokens only
+    assert claimed["training: offset against the floor at 2048"]["answer"] == "lower"
+    assert claimed["training: fire against the floor at 512"]["answer"] == "cannot be told apart"
+    assert claimed["training: fire against the floor at 2048"]["answer"] == "higher"
 
 
 def test_the_lab_notes_hold_every_section_the_lesson_links_to():
