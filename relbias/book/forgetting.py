@@ -287,7 +287,7 @@ def plot_gate_readback(
     ax1.set_title(
         f"layer {layer}, head {head} over the text (\u21b5 newline, \u00b7 space)", fontsize=9
     )
-    ax0.set_title("every head's mean forget rate", fontsize=9)
+    ax0.set_title("every head's half-life", fontsize=9)
     return fig
 
 

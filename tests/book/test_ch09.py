@@ -117,3 +117,15 @@ def test_plot_stored_gates_draws_every_head():
     fig = forgetting.plot_stored_gates(_stored_sweep())
     (ax,) = fig.get_axes()
     assert len(ax.get_xticks()) == 8 and ax.get_legend() is not None
+
+
+def test_plot_gate_readback_left_panel_is_the_half_life():
+    log_f = -torch.rand(2, 4, 100, generator=torch.Generator().manual_seed(0)) - 0.1
+    byte_ids = torch.randint(32, 127, (100,), generator=torch.Generator().manual_seed(1))
+    fig = forgetting.plot_gate_readback(log_f, byte_ids, 0, 1)
+    left = fig.get_axes()[0]
+    assert "half-life" in left.get_title() and "rate" not in left.get_title()
+    assert left.get_ylabel() == "half-life (tokens)"
+    heights = [bar.get_height() for bar in left.patches]
+    expected = (math.log(2) / -log_f.double().mean(dim=-1)).flatten().tolist()
+    assert np.allclose(heights, expected)
