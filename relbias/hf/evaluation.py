@@ -5,8 +5,8 @@ the user already has: every length reads the same spans of text, cut into window
 length, so the lengths differ in context alone; past the shortest length (``window``, the
 training length of a length-generalisation test) the context-use measure compares the long
 reading with a sliding window of ``window`` tokens on the same tokens
-(:func:`relbias.lab.context.context_use`: below 0 the far context helps, above 0 the model
-breaks at that length).
+(:func:`relbias.lab.context.context_use`: below 0 the far context helps, above 0 it
+hurts: the same tokens read worse with it in view).
 """
 
 from __future__ import annotations

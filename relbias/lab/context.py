@@ -13,10 +13,11 @@ the two apart: every byte of an evaluation span is read twice by the same model,
 
 The paired difference ``long - sliding`` on the bytes at positions ``p >= window`` is the
 bits per byte that the context past ``m_l`` adds (below 0: it helps, the model *uses* the
-far context) or costs (above 0: the long window reads the same bytes worse, the model
-*breaks*). The default stride 1 gives every such byte exactly ``window - 1`` bytes of
-context in the sliding reading, the most a training window ever gave, so nothing but the
-bytes past ``m_l`` differs between the two readings.
+far context) or costs (above 0: the long window reads the same bytes worse, the far
+context *hurts*; a small cost is not a break, which the whole curve decides). The default
+stride 1 gives every such byte exactly ``window - 1`` bytes of context in the sliding
+reading, the most a training window ever gave, so nothing but the bytes past ``m_l``
+differs between the two readings.
 
 ``forward`` is any causal language model as a function of token ids ``[batch, n]`` to
 logits ``[batch, n, vocab]``: a :class:`~relbias.lab.model.TinyLM`, or a Hugging Face model
