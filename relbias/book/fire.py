@@ -12,7 +12,9 @@
   any that training produced;
 - :func:`stored_fire`, :func:`trained_rows`, :func:`plot_trained_rows`: a stored trained
   FIRE (the 3,000-step sweep keeps its weights), its MLP input and bias at given queries,
-  and the figure of both (the mechanism on the trained model).
+  and the figure of both (the mechanism on the trained model);
+- :func:`context_against`: one method's context-use difference minus another's, paired by
+  seed, against the text's error of that difference of differences.
 
 The ablation's records (:func:`relbias.lab.ablations.fire_variants`) keep, per seed, the
 learned ``c`` and ``L`` and the smallest and largest nonzero input training produced
@@ -31,11 +33,13 @@ from relbias.book.plots import figure
 from relbias.book.sweeps import show_interval
 from relbias.lab.interventions import intervention_at, intervention_effect
 from relbias.lab.readings import at_factor, row_at
+from relbias.lab.stats import text_error, verdict
 
 __all__ = [
     "FIRE_CLAMPS",
     "clamp_applies",
     "clamp_cell",
+    "context_against",
     "eval_input_range",
     "learned_c_L",
     "near_gap_offsets",
@@ -259,3 +263,32 @@ def plot_trained_rows(bias, queries=(127, 2047), *, key: int = 100, train_len: i
     for ax in (left, right):
         ax.set_xlim(1, far + 1)
     return fig
+
+
+def context_against(results: dict, method: str, other: str) -> dict:
+    """``method``'s context-use difference (long minus sliding on the bytes past ``m_l``:
+    :func:`relbias.lab.readings.context_verdict`) minus ``other``'s, paired by seed: the
+    verdict of the per-seed differences against the text's error of that difference
+    (:func:`relbias.lab.stats.text_error` with ``minus`` the other method's spans)."""
+
+    def measures(m):
+        seeds = results["methods"][m]["seeds"]
+        found = {}
+        for s in sorted(seeds, key=int):
+            rows = [r for r in seeds[s]["eval"] if "context" in r]
+            if not rows:
+                raise ValueError(f"{m} seed {s} has no context-use measure in these results")
+            found[s] = rows[-1]["context"]
+        return found
+
+    a, b = measures(method), measures(other)
+    if set(a) != set(b):
+        raise ValueError(f"{method} and {other} hold different seeds")
+    keys = sorted(a, key=int)
+    return verdict(
+        [a[s]["difference"] - b[s]["difference"] for s in keys],
+        error=text_error(
+            [a[s]["difference_by_span"] for s in keys],
+            minus=[b[s]["difference_by_span"] for s in keys],
+        ),
+    )

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import statistics
+
 import pytest
 
 from relbias.lab import interventions
@@ -214,3 +216,34 @@ def test_trained_rows_and_their_figure_match_the_module():
     left, right = fig.axes[:2]
     assert [t.get_text() for t in left.get_legend().get_texts()][:2] == ["query 39", "query 200"]
     assert len(right.lines) == 8  # 4 heads at two queries
+
+
+def _context_results(differences: dict) -> dict:
+    """A stored-sweep stand-in whose methods hold one context measure per seed."""
+
+    def record(diffs):
+        return {
+            "eval": [
+                {"context": {"difference": sum(diffs) / len(diffs), "difference_by_span": diffs}}
+            ]
+        }
+
+    return {
+        "methods": {
+            m: {"seeds": {str(s): record(d) for s, d in enumerate(per_seed)}}
+            for m, per_seed in differences.items()
+        }
+    }
+
+
+def test_context_against_pairs_the_seeds_and_uses_the_difference_error():
+    results = _context_results(
+        {
+            "a": [[1.0, 1.2], [0.8, 1.0], [1.1, 1.3]],
+            "b": [[0.1, 0.1], [0.2, 0.0], [0.0, 0.2]],
+        }
+    )
+    got = fire_book.context_against(results, "a", "b")
+    assert got["paired"] and got["n"] == 3
+    assert got["mean"] == pytest.approx(statistics.fmean([1.0, 0.8, 1.1]))
+    assert got["answer"] == "higher"
