@@ -90,5 +90,11 @@ def test_the_answer_boxs_verdicts_are_claimed_in_the_lab_notes():
         "100 steps 8x: YaRN vs none",
         "price at 1x: yarn_no_temp",
         "rope: fall over the last fifth, 15000 steps",
+        "zero-shot 8x: linear vs none",
+        "zero-shot 16x: linear vs none",
     ):
+        assert name in source, name
+    # fine-tuned against the trained model: with the text's error, so "at the edge" is checked
+    assert "error=vs_trained(" in source
+    for name in ('(25, "yarn", "at the edge")', '(50, "ntk", "at the edge")'):
         assert name in source, name
