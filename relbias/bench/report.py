@@ -93,6 +93,7 @@ def goal_length(lengths) -> int:
 
 def _run(config: BenchConfig, log) -> dict:
     started = time.time()
+    load_at_start = _load_average()
     methods = [m for m in config.methods if m != "sdpa"]
     results = []
     for n in config.lengths:
@@ -129,7 +130,11 @@ def _run(config: BenchConfig, log) -> dict:
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "command": "python -m relbias.bench " + " ".join(config.argv),
         "commit": _git_commit(),
-        "machine": _machine(),
+        "machine": {
+            **_machine(),
+            "load_average_at_start": load_at_start,
+            "load_average_at_end": _load_average(),
+        },
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),
         "flush_denormal": config.flush_denormal,
@@ -183,6 +188,15 @@ def _git_commit() -> str | None:
     return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
 
 
+def _load_average() -> list | None:
+    """The 1, 5 and 15 minute load averages now (None where the OS has none). Files written
+    before 2026-12-06 hold, under ``load_average_at_start``, the averages at their *end*."""
+    try:
+        return list(os.getloadavg())
+    except (OSError, AttributeError):
+        return None
+
+
 def _machine() -> dict:
     info = {
         "platform": platform.platform(),
@@ -197,7 +211,6 @@ def _machine() -> dict:
                     info["cpu"] = line.split(":", 1)[1].strip()
                     break
         info["memory_bytes"] = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-        info["load_average_at_start"] = os.getloadavg()
     except (OSError, ValueError, AttributeError):
         pass
     return info

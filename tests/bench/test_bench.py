@@ -13,8 +13,10 @@ pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")  # x-trans
 
 @pytest.mark.slow
 @pytest.mark.reference
-def test_bench_cli_writes_json(tmp_path, capsys):
+def test_bench_cli_writes_json(tmp_path, capsys, monkeypatch):
     out = tmp_path / "bench.json"
+    calls = iter(range(100))  # every reading of the load average a new value
+    monkeypatch.setattr("relbias.bench.report.os.getloadavg", lambda: (next(calls),) * 3)
     code = bench.main(
         [
             "--lengths",
@@ -38,6 +40,10 @@ def test_bench_cli_writes_json(tmp_path, capsys):
     printed = capsys.readouterr().out
     assert "Forward time" in printed and "Peak memory" in printed and f"wrote {out}" in printed
     report = json.loads(out.read_text())
+    # the load is read before the first measurement and again after the last
+    machine = report["machine"]
+    assert machine["load_average_at_start"] == [0, 0, 0]  # read first, before any timing
+    assert machine["load_average_at_end"][0] > 0
     for key in ("machine", "torch", "threads", "timing_method", "memory_method", "goals"):
         assert key in report
     assert report["threads"] == 1
