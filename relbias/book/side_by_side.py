@@ -178,7 +178,8 @@ MECHANISM = {
     "sandwich": "a fixed penalty: the inner product of two sinusoidal embeddings",
     "kerple_power": "a power-law penalty whose rate and exponent each head learns",
     "kerple_log": "a logarithmic penalty whose rate and scale each head learns",
-    "fire": "an MLP of the log offset over the log of the query position",
+    "fire": "an MLP of ψ(offset) / ψ(max(L, i)): the log offset divided by the log of the "
+    "query position once it passes a learned threshold L (before that, by a constant)",
     "nope": "no positions: only the causal mask",
     "sinusoidal": "a fixed sinusoidal vector added at each position",
     "learned": "a learned vector per position up to m_l; later positions reuse the last",
