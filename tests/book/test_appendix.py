@@ -112,3 +112,15 @@ def test_provenance_rows_name_each_file_and_its_state():
     assert [r[0] for r in rows] == ["cpu.json", "cpu_n4096_quiet.json", "train_speed_cpu_auto.json"]
     assert "uncommitted" not in rows[0][4] and "uncommitted" in rows[1][4]
     assert rows[2][2] == "20 steps"
+    # relbias.bench reads its load average at the run's end, train_speed.py at its start
+    assert [r[3].split()[-1] for r in rows] == ["(end)", "(end)", "(start)"]
+
+
+def test_run_provenance_says_when_the_load_was_read_and_the_tree_state():
+    from relbias import bench
+    from relbias.book import fast_biases as fb
+
+    full, rerun = (fb.run_provenance(bench.load_report(name=n)) for n in ("cpu", "cpu_n4096_quiet"))
+    assert "read at the end of the run" in full and "at the start" not in full
+    assert "uncommitted" not in full and "(uncommitted changes)" in rerun
+    assert full.startswith("finished ") and "after 34 minutes" in full
