@@ -145,8 +145,9 @@ def plot_by_length(readings: dict, train_len: int):
         lengths = [r["length"] for r in next(iter(readings.values()))["by_length"]]
         ax.set_xticks(lengths, [f"{n:,}" for n in lengths])
         ax.minorticks_off()
-        ax.axvline(train_len, color="grey", lw=0.8, ls="--")
         ax.set_xlabel("window length (bytes)")
+    # the training length, on the left only: the right panel starts past it
+    left.axvline(train_len, color="grey", lw=0.8, ls="--")
     right.axhline(0.0, color="grey", lw=0.8)
     left.set_ylabel("bits per byte")
     right.set_ylabel("long minus sliding (bits per byte)")
@@ -174,7 +175,8 @@ def setting_text(config, *, steps: int, seq_len: int, batch_size: int, family: s
         "parameters), not TinyLM.",
         _text_line(config),
         f"**The runs**: the lesson's live demo trains two models with HF's Trainer, `{family}` "
-        f"and RoPE ($m_l$ = {seq_len} bytes, {steps:,} steps of {batch_size} windows, one seed; "
+        "and RoPE, and its T5 exercise a third, the same way "
+        f"($m_l$ = {seq_len} bytes, {steps:,} steps of {batch_size} windows, one seed; "
         "its own steps, not the runtime configuration's); no sweep of this Llama is stored. The "
         "verdicts of three seeds are those of the book's TinyLM sweeps ({doc}`Chapter 8 "
         "<08_side_by_side>`). {ref}`Chapter 1 <sec-setting>` says more.",

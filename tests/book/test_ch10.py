@@ -56,6 +56,8 @@ def test_plot_by_length_draws_both_panels():
     fig = hc.plot_by_length({"a": reading, "b": reading}, 8)
     left, right = fig.axes
     assert len(left.get_lines()) == 2 + 1  # two models and the training length
+    # the right panel starts past the training length: its line would sit on the spine
+    assert len(right.get_lines()) == 2 + 1  # two models and the zero line
     assert [t.get_text() for t in left.get_xticklabels()] == ["8", "32"]
     assert right.get_ylabel().startswith("long minus sliding")
 
