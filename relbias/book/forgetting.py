@@ -168,7 +168,7 @@ def plot_gate_row(log_f: torch.Tensor, alibi_slope: float, *, reset_at: int | No
     keys = np.arange(n)
     rows = {
         "forget gate": gate_row(log_f),
-        f"ALiBi, slope {alibi_slope:g}": gate_row(torch.full((n,), -float(alibi_slope))),
+        f"ALiBi, m = {alibi_slope:g}": gate_row(torch.full((n,), -float(alibi_slope))),
     }
     fig, axes = figure(7.0, 3.0, ncols=2)
     ax0, ax1 = axes.flat

@@ -129,3 +129,13 @@ def test_plot_gate_readback_left_panel_is_the_half_life():
     heights = [bar.get_height() for bar in left.patches]
     expected = (math.log(2) / -log_f.double().mean(dim=-1)).flatten().tolist()
     assert np.allclose(heights, expected)
+
+
+def test_plot_gate_row_names_alibis_slope_m_after_the_scaling():
+    import matplotlib.pyplot as plt
+
+    fig = forgetting.plot_gate_row(torch.full((16,), -0.1, dtype=torch.float64), 0.1, reset_at=8)
+    labels = fig.axes[0].get_legend_handles_labels()[1]
+    assert labels == ["forget gate", "ALiBi, m = 0.1"]
+    assert fig.axes[1].get_ylabel() == "content-free attention"
+    plt.close(fig)
