@@ -115,9 +115,7 @@ def _accuracy(v: dict, chance: float) -> str:
 
 
 def decision_table(rows: list[dict], stage: str = "fine_tuned", *, train_len: int):
-    """The decision table at ``stage``: one row per option; ``(rows, headers)``. (The probe
-    readings are in :func:`probe_table`: the stored bases never learned the probe, so no
-    option's far recall can be read from them.)"""
+    """The decision table at ``stage``: one row per option, ``(rows, headers)``."""
     options = list(dict.fromkeys(r["option"] for r in rows))
     out = []
     for option in options:
@@ -399,7 +397,7 @@ def setting_rows(runs: dict):
         ["model", f"Llama, RoPE (theta 10,000), {base['parameters']:,} parameters"],
         [
             "tokenizer",
-            f"byte-level BPE, {s['vocab_size']:,} merged ids and an end-of-text token "
+            f"byte-level BPE, {s['vocab_size']:,} ids (256 bytes + merges), an end-of-text token "
             f"(the models' vocabulary: {base_vocab(seeds[0]):,}), trained on the training split",
         ],
         ["training length m_l", f"{s['train_len']} tokens"],
