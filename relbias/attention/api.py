@@ -46,8 +46,8 @@ BACKENDS = ("auto", "materialize", "table", "flex", "fused")
 #: preference: the first that can compute the attention. Measured on a 2-core CPU
 #: (relbias/bench/results/cpu.json): the fused kernel (:mod:`relbias.attention.fused`, float32
 #: or bfloat16, where a C++ compiler could build it) runs nearest the speed of bias-free
-#: attention, the strided-table path next; FlexAttention's CPU kernel (forward only) is
-#: about 3x slower than bias-free attention even with no bias.
+#: attention, the strided-table path next; FlexAttention's CPU kernel (forward only), with
+#: a bias, took 1.6-4.0 times bias-free attention (FlexAttention without a bias not timed).
 CPU_INFERENCE_BACKENDS = ("fused", "table")
 #: ... and when a gradient is needed (training): the fused kernel's backward, else the
 #: materialised bias (the table path and FlexAttention have no CPU backward).
