@@ -360,5 +360,6 @@ def plot_stored_gates(results: dict, method: str = "forgetting"):
             fontsize=8,
         )
     ax.set_ylabel(r"$\log f_t$ (nats per token)")
-    ax.legend(fontsize=7, loc="lower left", ncol=4)
+    # outside the axes, right of them: inside it would cover the longest bars' lower ends
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
     return fig
