@@ -21,7 +21,6 @@ __all__ = [
     "curve_table",
     "base_vocab",
     "decision_table",
-    "decode_operator_ratios",
     "latency_rows",
     "live_retrofit",
     "live_table",
@@ -455,102 +454,6 @@ def base_vocab(seed: int = 0) -> int:
     import json
 
     return json.loads((base_path(seed) / "config.json").read_text())["vocab_size"]
-
-
-#: The families and settings of ``tests/hf/test_hf_decode_work.py``'s count (FIRE's
-#: threshold 3, so that its queries pass it).
-_COUNTED = {
-    "offset": {"max_offset": 6},
-    "t5": {"num_buckets": 8, "max_distance": 12},
-    "alibi": {},
-    "sandwich": {"dim": 8},
-    "kerple_power": {},
-    "kerple_log": {},
-    "fire": {"hidden": 8, "L": 3.0},
-}
-
-
-def decode_operator_ratios(rows=((6,), (6, 3))) -> dict:
-    """The aten operations of one cached decoding step of a tiny Llama (hidden 32, 2 layers,
-    4 heads, 2 key/value heads) with each family of ``relbias.hf``, over the same model's
-    with RoPE on SDPA, counted as ``tests/hf/test_hf_decode_work.py`` counts them (after two
-    warm-up steps, nested operations included): ``{rows: {family: ratio}}`` for a prompt of
-    one row and of two left-padded rows. Counted, never timed."""
-    import contextlib
-
-    import torch
-    from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
-
-    import relbias.hf as rh
-
-    def tiny():
-        config = LlamaConfig(
-            vocab_size=64,
-            hidden_size=32,
-            intermediate_size=64,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            max_position_embeddings=256,
-            pad_token_id=0,
-            bos_token_id=None,
-            eos_token_id=None,
-            tie_word_embeddings=False,
-        )
-        torch.manual_seed(0)
-        return LlamaForCausalLM(config).eval()
-
-    @contextlib.contextmanager
-    def quiet():  # the profiler's C++ start/stop lines go to file descriptor 2
-        saved = os.dup(2)
-        with open(os.devnull, "w") as null:
-            os.dup2(null.fileno(), 2)
-            try:
-                yield
-            finally:
-                os.dup2(saved, 2)
-                os.close(saved)
-
-    @torch.no_grad()
-    def ops(model, lengths):
-        g = torch.Generator().manual_seed(5)
-        width = max(lengths)
-        ids = torch.zeros(len(lengths), width, dtype=torch.long)
-        mask = torch.zeros_like(ids)
-        for b, n in enumerate(lengths):
-            ids[b, width - n :] = torch.randint(1, 64, (n,), generator=g)
-            mask[b, width - n :] = 1
-        state = {"mask": mask, "pos": (mask.cumsum(-1) - 1).clamp(min=0)}
-        cache = DynamicCache(config=model.config)
-        out = model(input_ids=ids, attention_mask=mask, position_ids=state["pos"], cache=cache)
-        state["tok"] = out.logits[:, -1:].argmax(-1)
-
-        def step():
-            state["mask"] = torch.cat([state["mask"], torch.ones_like(state["mask"][:, :1])], 1)
-            state["pos"] = state["pos"][:, -1:] + 1
-            logits = model(
-                input_ids=state["tok"],
-                attention_mask=state["mask"],
-                position_ids=state["pos"],
-                cache=cache,
-            ).logits
-            state["tok"] = logits[:, -1:].argmax(-1)
-
-        step()
-        step()
-        with quiet(), torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as p:
-            step()
-        return sum(e.name.startswith("aten::") for e in p.events())
-
-    out = {}
-    for lengths in rows:
-        rope = ops(tiny(), lengths)
-        out[lengths] = {}
-        for family, kwargs in _COUNTED.items():
-            model = tiny()
-            rh.apply(model, family, **kwargs)
-            out[lengths][family] = ops(model, lengths) / rope
-    return out
 
 
 def plot_option(runs: dict, option: str):

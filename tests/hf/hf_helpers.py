@@ -1,7 +1,8 @@
 """Tiny Hugging Face models for the tests of relbias.hf, and the reference attention.
 
-Every model is built from a config (no download): hidden size 32, 2 layers, 4 query heads
-and 2 key/value heads (grouped-query attention), a vocabulary of 64 tokens.
+Every model is built from a config (no download): :data:`relbias.hf.decode_work.TINY_LLAMA`
+(hidden size 32, 2 layers, 4 query heads and 2 key/value heads, a vocabulary of 64 tokens)
+for any of three architectures; the family settings are that module's ``FAMILY_KWARGS``.
 """
 
 from __future__ import annotations
@@ -21,50 +22,29 @@ from transformers import (
 
 import relbias.hf as rh
 from relbias import DataDependentBias
+from relbias.hf.decode_work import (  # noqa: F401 (the tests import them from here)
+    COUNTED_FAMILIES,
+    FAMILY_KWARGS,
+    TINY_LLAMA,
+    left_padded,
+    random_rows,
+)
 
-VOCAB = 64
-HEADS = 4
-KV_HEADS = 2
+VOCAB = TINY_LLAMA["vocab_size"]
+HEADS = TINY_LLAMA["num_attention_heads"]
+KV_HEADS = TINY_LLAMA["num_key_value_heads"]
 ARCHITECTURES = {
     "llama": (LlamaConfig, LlamaForCausalLM),
     "qwen2": (Qwen2Config, Qwen2ForCausalLM),
     "mistral": (MistralConfig, MistralForCausalLM),
 }
-#: Every family with keyword arguments that make each test meaningful: FIRE's threshold L
-#: is 3, so that queries past position 3 read their absolute position (a position wrong by
-#: a row's padding shows); T5 and the offset bias with few buckets/offsets so that
-#: short sequences reach the logarithmic buckets and the clipped offsets.
-FAMILY_KWARGS = {
-    "offset": {"max_offset": 6},
-    "t5": {"num_buckets": 8, "max_distance": 12},
-    "alibi": {},
-    "sandwich": {"dim": 8},
-    "kerple_power": {},
-    "kerple_log": {},
-    "fire": {"hidden": 8, "L": 3.0},
-    "forgetting": {},
-}
-POSITION_FAMILIES = [f for f in FAMILY_KWARGS if f != "forgetting"]
+POSITION_FAMILIES = COUNTED_FAMILIES
 
 
 def tiny_model(arch="llama", **overrides):
     """A tiny causal LM of ``arch`` in eval mode, float32, default (sdpa) attention."""
     config_class, model_class = ARCHITECTURES[arch]
-    settings = dict(
-        vocab_size=VOCAB,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=HEADS,
-        num_key_value_heads=KV_HEADS,
-        max_position_embeddings=256,
-        pad_token_id=0,
-        bos_token_id=None,
-        eos_token_id=None,
-        tie_word_embeddings=False,
-    )
-    settings.update(overrides)
-    return model_class(config_class(**settings)).eval()
+    return model_class(config_class(**{**TINY_LLAMA, **overrides})).eval()
 
 
 @torch.no_grad()
@@ -132,22 +112,6 @@ def reference_logits(model, ids: torch.Tensor) -> torch.Tensor:
         return model(input_ids=ids).logits
 
 
-def left_padded(rows: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Token ids and attention mask of ``rows`` left-padded with token 0."""
-    width = max(len(r) for r in rows)
-    ids = torch.zeros(len(rows), width, dtype=torch.long)
-    mask = torch.zeros(len(rows), width, dtype=torch.long)
-    for b, row in enumerate(rows):
-        ids[b, width - len(row) :] = torch.tensor(row)
-        mask[b, width - len(row) :] = 1
-    return ids, mask
-
-
 def positions_of(mask: torch.Tensor) -> torch.Tensor:
     """The position ids generate() derives from a left-padding mask."""
     return (mask.long().cumsum(-1) - 1).clamp(min=0)
-
-
-def random_rows(lengths, seed=0) -> list[list[int]]:
-    g = torch.Generator().manual_seed(seed)
-    return [torch.randint(1, VOCAB, (n,), generator=g).tolist() for n in lengths]

@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hf_helpers import POSITION_FAMILIES, biased, left_padded, random_rows, tiny_model
+from hf_helpers import POSITION_FAMILIES, biased, random_rows, tiny_model
 from transformers import DynamicCache
 
 import relbias.hf as rh
 import relbias.hf._attention as attention
+from relbias.hf.decode_work import greedy_decode, ops_of_one_step
 
 
 @pytest.fixture
@@ -30,41 +31,6 @@ def general_path(monkeypatch):
     return Switch()
 
 
-def _decode(model, rows, steps, seed=5):
-    """A prompt of left-padded ``rows``, then ``steps`` greedy steps through a DynamicCache;
-    returns the logits of every step and a function that runs one more step."""
-    ids, mask = left_padded(random_rows(list(rows), seed=seed))
-    pos = (mask.cumsum(-1) - 1).clamp(min=0)
-    cache = DynamicCache(config=model.config)
-    state = {"mask": mask, "pos": pos}
-    with torch.no_grad():
-        out = model(input_ids=ids, attention_mask=mask, position_ids=pos, cache=cache)
-    state["tok"] = out.logits[:, -1:].argmax(-1)
-
-    def step():
-        state["mask"] = torch.cat([state["mask"], torch.ones_like(state["mask"][:, :1])], 1)
-        state["pos"] = state["pos"][:, -1:] + 1
-        with torch.no_grad():
-            logits = model(
-                input_ids=state["tok"],
-                attention_mask=state["mask"],
-                position_ids=state["pos"],
-                cache=cache,
-            ).logits
-        state["tok"] = logits[:, -1:].argmax(-1)
-        return logits
-
-    return [step() for _ in range(steps)], step
-
-
-def _ops_of_one_step(model, rows) -> int:
-    """aten operations (nested ones included) of one decoding step, after two warm-up steps."""
-    _, step = _decode(model, rows, 2)
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
-        step()
-    return sum(e.name.startswith("aten::") for e in prof.events())
-
-
 @pytest.mark.parametrize("rows", [(6,), (6, 3)], ids=["one row", "left-padded"])
 @pytest.mark.parametrize("family", POSITION_FAMILIES)
 def test_a_decoding_step_does_about_the_work_of_rope(family, rows, general_path):
@@ -72,13 +38,13 @@ def test_a_decoding_step_does_about_the_work_of_rope(family, rows, general_path)
     mask and checks of the general path made every offset family's step 1.2-1.6x RoPE's
     (FIRE's 1.4-1.7x); now the positions and mask work happen once per forward and the
     bias row is a slice of a kept table (FIRE past its threshold still runs its MLP)."""
-    rope = _ops_of_one_step(tiny_model(), rows)
+    rope = ops_of_one_step(tiny_model(), rows)
     model = biased(family)
-    ops = _ops_of_one_step(model, rows)
+    ops = ops_of_one_step(model, rows)
     bound = 1.35 if family == "fire" else 1.1
     assert ops <= bound * rope, (ops, rope)
     general_path.use()
-    before = _ops_of_one_step(model, rows)
+    before = ops_of_one_step(model, rows)
     assert before > 1.15 * rope  # the bound above would fail on the general path
     assert ops < before
 
@@ -86,7 +52,7 @@ def test_a_decoding_step_does_about_the_work_of_rope(family, rows, general_path)
 def test_every_layer_after_the_first_reads_the_first_layers_step_state():
     model = biased("alibi", num_hidden_layers=3)
     attention.clear_step_caches()
-    _, step = _decode(model, (6, 3), 1)
+    _, step = greedy_decode(model, (6, 3), 1)
     stats = dict(attention.STEP_STATS)
     steps = 4
     for _ in range(steps):
@@ -102,7 +68,7 @@ def test_tables_grow_rarely_over_a_long_decode():
     model = biased("t5")
     attention.clear_step_caches()
     stats = dict(attention.STEP_STATS)
-    _decode(model, (5,), 150)
+    greedy_decode(model, (5,), 150)
     built = attention.STEP_STATS["tables"] - stats["tables"]
     layers = model.config.num_hidden_layers
     assert built <= 3 * layers  # 150 steps: the table doubles, not one build per step
@@ -116,9 +82,9 @@ def test_decoding_steps_equal_the_general_path(family, general_path):
     model = biased(family)
     for rows in [(7,), (7, 3, 5)]:
         attention.clear_step_caches()
-        fast, _ = _decode(model, rows, 12)
+        fast, _ = greedy_decode(model, rows, 12)
         general_path.use()
-        slow, _ = _decode(model, rows, 12)
+        slow, _ = greedy_decode(model, rows, 12)
         general_path.undo()
         for a, b in zip(fast, slow):
             torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
@@ -134,7 +100,7 @@ def test_an_in_place_parameter_update_rebuilds_the_table(family, general_path):
         for bias in rh.biases(model):  # a threshold above the positions: FIRE's table path
             with torch.no_grad():
                 bias.L_multiplier.fill_(20.0)
-    first, _ = _decode(model, (6, 3), 4)
+    first, _ = greedy_decode(model, (6, 3), 4)
     model.train()
     opt = torch.optim.SGD([p for n, p in model.named_parameters() if ".relbias." in n], lr=0.5)
     ids = torch.tensor(random_rows([8], seed=3))
@@ -142,11 +108,11 @@ def test_an_in_place_parameter_update_rebuilds_the_table(family, general_path):
     opt.step()
     model.eval()
     built = attention.STEP_STATS["tables"]
-    after, _ = _decode(model, (6, 3), 4)
+    after, _ = greedy_decode(model, (6, 3), 4)
     assert attention.STEP_STATS["tables"] > built  # rebuilt for the new parameters
     assert not torch.allclose(after[-1], first[-1])
     general_path.use()
-    expected, _ = _decode(model, (6, 3), 4)
+    expected, _ = greedy_decode(model, (6, 3), 4)
     for a, b in zip(after, expected):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
 
