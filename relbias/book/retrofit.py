@@ -113,8 +113,11 @@ def _accuracy(v: dict, chance: float) -> str:
     return f"{mean:.2f} ({word})"
 
 
-def decision_table(rows: list[dict], stage: str = "fine_tuned", *, train_len: int):
-    """The decision table at ``stage``: one row per option, ``(rows, headers)``."""
+def decision_table(
+    rows: list[dict], stage: str = "fine_tuned", *, train_len: int, layers: int | None = None
+):
+    """The decision table at ``stage``: one row per option, ``(rows, headers)``; with
+    ``layers``, the parameter column's header says it holds totals over that many layers."""
     options = list(dict.fromkeys(r["option"] for r in rows))
     out = []
     for option in options:
@@ -135,9 +138,9 @@ def decision_table(rows: list[dict], stage: str = "fine_tuned", *, train_len: in
             steps = r["recovery_steps"]
             gap = r["final_gap"]
             line.append(
-                f"{_signed(gap, 3)} ({_ordering(gap, 'below', 'above')}); recovered: "
+                f"{_signed(gap, 3)} ({_ordering(gap, 'below', 'above')}); back to it: "
                 + (
-                    "none"
+                    "in no seed"
                     if all(s is None for s in steps)
                     else ", ".join("no" if s is None else f"step {s}" for s in steps)
                 )
@@ -145,7 +148,7 @@ def decision_table(rows: list[dict], stage: str = "fine_tuned", *, train_len: in
         out.append(line)
     headers = [
         "option",
-        "parameters added",
+        "parameters added" + (f" (total, {layers} layers)" if layers else ""),
         f"bits/byte at m_l = {train_len} tokens, minus the base's",
         f"the whole curve, {train_len} to {16 * train_len} tokens",
         "at 16 m_l, minus RoPE fine-tuned",
@@ -181,7 +184,8 @@ def plot_curves(runs: dict, options):
         ("zero_shot", "fine_tuned"),
         ("applied, before the fine-tune", "after the fine-tune"),
     ):
-        ax.plot(lengths, base, "k--", marker="o", label="base (RoPE, as pretrained)")
+        # on top (zorder): before the fine-tune, RoPE unchanged is the base and would hide it
+        ax.plot(lengths, base, "k--", marker="o", zorder=5, label="base (RoPE, as pretrained)")
         for k, option in enumerate(options):
             lengths, means = _mean_curve(runs, option, stage, seeds_of(runs, option))
             style = "-" if k < 10 else "--"

@@ -38,6 +38,9 @@ def test_decision_table_has_one_row_per_option(rows, runs):
     assert len(table) == len(options)
     assert all(len(line) == len(headers) for line in table)
     assert {line[0] for line in table} == {rf.LABELS[o] for o in options}
+    _, headers = rf.decision_table(rows, train_len=128, layers=4)
+    assert headers[1] == "parameters added (total, 4 layers)"  # totals, not per layer
+    assert not any("recovered" in cell for line in table for cell in line)  # not "none helped"
 
 
 def test_tables_and_figures_of_the_lab_notes(rows, runs):
