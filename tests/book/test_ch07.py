@@ -98,3 +98,12 @@ def test_the_answer_boxs_verdicts_are_claimed_in_the_lab_notes():
     assert "error=vs_trained(" in source
     for name in ('(25, "yarn", "at the edge")', '(50, "ntk", "at the edge")'):
         assert name in source, name
+
+
+def test_the_ramp_is_claimed_at_every_fine_tuning_length_and_the_models_are_not_called_larger():
+    source = _claims_source()
+    # YaRN against NTK at 8 m_l: the lab notes name 25, 50 and 100 steps, so all three are checked
+    assert 'for n in (25, 50, 100) for a in ("yarn", "yarn_no_temp")' in source
+    # the 15,000-step sweep is the same architecture as the interpolation experiment's model
+    lesson = _markdown(LESSON)
+    assert "a larger model" not in lesson.lower() and "same architecture" in lesson
