@@ -181,7 +181,7 @@ MECHANISM = {
     "fire": "an MLP of ψ(offset) / ψ(max(L, i)): the log offset divided by the log of the "
     "query position once it passes a learned threshold L (before that, by a constant)",
     "nope": "no positions: only the causal mask",
-    "sinusoidal": "a fixed sinusoidal vector added at each position",
+    "sinusoidal": "a fixed sinusoidal vector, times one learned scale, added at each position",
     "learned": "a learned vector per position up to m_l; later positions reuse the last",
     "rope": "queries and keys rotated by angles that grow with the position",
 }
