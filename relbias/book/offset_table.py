@@ -21,7 +21,7 @@ from IPython.display import Markdown
 from IPython.display import display as _display
 
 from relbias.book.plots import plot_bias_by_offset
-from relbias.book.setting import setting_text
+from relbias.book.setting import setting_text_with
 from relbias.book.sweeps import show_interval
 from relbias.lab import readback, readings
 
@@ -139,10 +139,22 @@ def context_rows(results: dict, methods, *, digits: int = 2):
     return rows, headers
 
 
-def lab_setting_box(config, findings) -> None:
-    """The setting box (:func:`relbias.book.setting.setting_text`) for a chapter's lab notes:
-    the live demo it names is on the lesson's page, not below."""
-    text = setting_text(config, findings)
+def ablation_words(kind: str = "offset") -> str:
+    """The stored offset ablation in the setting box's words: its own retrained models."""
+    from relbias.lab.results import describe, load_stored
+
+    info = describe(load_stored(kind))
+    return (
+        f"the offset ablation, its own retrained models ($m_l$ = {info['train_len']} bytes, "
+        f"{info['steps']:,} steps, {info['seeds']} seeds)"
+    )
+
+
+def lab_setting_box(config, findings, more=()) -> None:
+    """The setting box (:func:`relbias.book.setting.setting_text_with`) for a chapter's lab
+    notes, ``more`` naming further runs in words: the live demo it names is on the lesson's
+    page, not below."""
+    text = setting_text_with(config, findings, more)
     if "the live demo below" not in text:
         raise ValueError("the setting box no longer names 'the live demo below'")
     _display(Markdown(text.replace("the live demo below", "the lesson's live demo")))
