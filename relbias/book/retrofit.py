@@ -107,6 +107,18 @@ def _curve_words(curve: dict, bits: dict | None = None) -> str:
     return answer
 
 
+#: The decision table's one vocabulary for a curve: the loss rises (reads worse) or falls.
+_PLAIN = (("improves", "falls"), ("degrades", "rises"))
+
+
+def _plain_curve_words(curve: dict, bits: dict | None = None) -> str:
+    """:func:`_curve_words` in the lesson's words: the loss "falls" or "rises" with length."""
+    words = _curve_words(curve, bits)
+    for old, new in _PLAIN:
+        words = words.replace(old, new)
+    return words
+
+
 def _accuracy(v: dict, chance: float) -> str:
     mean = statistics.fmean(v["accuracy"])
     word = {"higher": "above chance", "lower": "below chance"}.get(v["answer"], v["answer"])
@@ -126,7 +138,7 @@ def decision_table(
             LABELS[option],
             f"{r['params_added']:,}",
             f"{_signed(r['near_cost'], 3)} ({_ordering(r['near_cost'], 'better', 'worse')})",
-            _curve_words(r["curve"], r["bits"]),
+            _plain_curve_words(r["curve"], r["bits"]),
             "the reference"
             if option == "control"
             else f"{_signed(r['far_vs_control'])} "
@@ -150,9 +162,9 @@ def decision_table(
         "option",
         "parameters added" + (f" (total, {layers} layers)" if layers else ""),
         f"bits/byte at m_l = {train_len} tokens, minus the base's",
-        f"the whole curve, {train_len} to {16 * train_len} tokens",
-        "at 16 m_l, minus RoPE fine-tuned",
-        "long - sliding at 16 m_l (bits/token)",
+        f"the loss from {train_len} to {16 * train_len} tokens",
+        "bits/byte at 16 m_l, minus RoPE fine-tuned",
+        "far tokens at 16 m_l: whole window minus sliding window, bits/token (above 0: worse)",
     ]
     if stage == "fine_tuned":
         headers.append("end of the fine-tune: m_l loss minus the base's; back to it?")

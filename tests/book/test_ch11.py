@@ -96,3 +96,14 @@ def test_setting_states_the_models_vocabulary(runs):
     setting, _ = rf.setting_rows(runs)
     tokenizer = next(cell for name, cell in setting if name == "tokenizer")
     assert f"{rf.base_vocab(0):,}" in tokenizer and rf.base_vocab(0) == 1025
+
+
+def test_the_decision_table_speaks_of_a_rising_or_falling_loss(rows):
+    """One vocabulary in the lesson's table: the loss "rises" or "falls" with length, and the
+    context-use column says its unit and sign."""
+    table, headers = rf.decision_table(rows, train_len=128, layers=4)
+    words = {line[0]: line[3] for line in table}
+    assert words[rf.LABELS["alibi"]] == "falls, then levels off"
+    assert words[rf.LABELS["yarn+alibi"]].startswith("falls to 512 tokens, rises past it")
+    assert not any("improves" in w or "degrades" in w for w in words.values())
+    assert "bits/token" in headers[5] and "above 0" in headers[5]
