@@ -107,3 +107,21 @@ def test_the_ramp_is_claimed_at_every_fine_tuning_length_and_the_models_are_not_
     # the 15,000-step sweep is the same architecture as the interpolation experiment's model
     lesson = _markdown(LESSON)
     assert "a larger model" not in lesson.lower() and "same architecture" in lesson
+
+
+def test_the_price_depends_on_the_fine_tuning_and_the_pages_say_so():
+    # the box: the price and the 8 m_l columns hold after 100 steps; the 25- and 50-step price
+    # of NTK and YaRN is claimed in the lab notes
+    source = _claims_source()
+    assert 'name=f"price at 1x after {n} steps: {label}"' in source
+    for case in ('(25, "ntk", "NTK", "higher")', '(50, "yarn", "YaRN", "higher")'):
+        assert case in source, case
+    assert "The last two columns hold after 100 steps" in _markdown(LESSON)
+
+
+def test_the_zero_shot_runs_are_not_read_as_evidence_against_the_middle_pairs_guess():
+    lab = _markdown(LAB)
+    assert "does not fit the zero-shot runs" not in lab
+    assert "not tested by the zero-shot runs either way" in lab
+    # one pair numbering (from 1) in the lesson's exercises
+    assert "0-based" not in _markdown(LESSON)
