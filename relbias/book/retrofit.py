@@ -88,22 +88,32 @@ def _ordering(v: dict, lower: str, higher: str) -> str:
 def _curve_words(curve: dict, bits: dict | None = None) -> str:
     """The whole curve's verdict in words, read whole: where the verdict is "improves"
     ("degrades") but some change the other way separates at the edge, say where the curve
-    turns (its lowest mean) and that it turns only at the edge."""
+    turns and that it turns back only at the edge. Every length named comes from the paired
+    verdicts, never from the lowest mean: an "improves" falls as far as the last length shown
+    "lower" than the first; a "degrades" rises past the last length not shown "higher"."""
     answer = curve["answer"]
     if curve.get("turns_at"):
         answer += f" (at {curve['turns_at']})"
     if answer in ("improves", "degrades") and bits:
-        back = [
-            c
-            for c in curve["changes"]
-            if c["answer"] == "at the edge" and (c["mean"] > 0) == (answer == "improves")
-        ]
+        changes = curve["changes"]
+        improves = answer == "improves"
+        back = [c for c in changes if c["answer"] == "at the edge" and (c["mean"] > 0) == improves]
         if back:
-            means = {n: statistics.fmean(v) for n, v in bits.items()}
-            lowest = min(means, key=means.get)
-            if answer == "improves":
-                return f"improves to {lowest} tokens, rises past it at the edge"
-            return f"degrades past {lowest} tokens, after a fall at the edge"
+            first = min(c["start"] for c in changes)
+            shown = "lower" if improves else "higher"
+            from_first = [c for c in changes if c["start"] == first]
+            if improves:
+                # the fall, as far as a paired verdict shows it
+                turn = max((c["end"] for c in from_first if c["answer"] == shown), default=first)
+                later = [c["start"] for c in back if c["start"] >= turn]
+                rise = min(later) if later else min(c["start"] for c in back)
+                where = "it" if rise == turn else f"{rise} tokens"
+                return f"improves to {turn} tokens, rises past {where} at the edge"
+            turn = max(
+                (c["end"] for c in from_first if c["answer"] != shown),
+                default=first,
+            )
+            return f"degrades past {turn} tokens, after a fall at the edge"
     return answer
 
 

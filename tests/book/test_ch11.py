@@ -107,3 +107,32 @@ def test_the_decision_table_speaks_of_a_rising_or_falling_loss(rows):
     assert words[rf.LABELS["yarn+alibi"]].startswith("falls to 512 tokens, rises past it")
     assert not any("improves" in w or "degrades" in w for w in words.values())
     assert "bits/token" in headers[5] and "above 0" in headers[5]
+
+
+def _change(start, end, answer, mean):
+    return {"start": start, "end": end, "answer": answer, "mean": mean}
+
+
+def test_a_curves_fall_is_stated_only_as_far_as_the_verdicts_show_it(rows):
+    """The lowest mean does not name the turn: a fall to 512 that is only "at the edge"
+    (YaRN + ALiBi before the fine-tune) is stated to 256, where it is "lower"."""
+    curve = {
+        "answer": "improves",
+        "changes": [
+            _change(128, 256, "lower", -0.012),
+            _change(128, 512, "at the edge", -0.016),
+            _change(128, 1024, "cannot be told apart", 0.03),
+            _change(256, 512, "cannot be told apart", -0.004),
+            _change(256, 1024, "cannot be told apart", 0.04),
+            _change(512, 1024, "at the edge", 0.05),
+        ],
+    }
+    bits = {128: [2.0], 256: [1.99], 512: [1.98], 1024: [2.03]}  # lowest mean at 512
+    assert (
+        rf._curve_words(curve, bits) == "improves to 256 tokens, rises past 512 tokens at the edge"
+    )
+    curve["changes"][1]["answer"] = "lower"  # now the fall to 512 is shown
+    assert rf._curve_words(curve, bits) == "improves to 512 tokens, rises past it at the edge"
+    table, _ = rf.curve_table(rows, "zero_shot")
+    words = {line[0]: line[-1] for line in table}
+    assert words[rf.LABELS["yarn+alibi"]].startswith("improves to 256 tokens")
