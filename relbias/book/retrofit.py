@@ -88,9 +88,11 @@ def _ordering(v: dict, lower: str, higher: str) -> str:
 def _curve_words(curve: dict, bits: dict | None = None) -> str:
     """The whole curve's verdict in words, read whole: where the verdict is "improves"
     ("degrades") but some change the other way separates at the edge, say where the curve
-    turns and that it turns back only at the edge. Every length named comes from the paired
+    turns and that it turns back only at the edge. The lengths named here come from the paired
     verdicts, never from the lowest mean: an "improves" falls as far as the last length shown
-    "lower" than the first; a "degrades" rises past the last length not shown "higher"."""
+    "lower" than the first; a "degrades" rises past the last length not shown "higher". A
+    curve that improves, then degrades keeps the verdict function's own ``turns_at``, which
+    is the length of its lowest mean (``relbias.lab.stats.curve_verdict``)."""
     answer = curve["answer"]
     if curve.get("turns_at"):
         answer += f" (at {curve['turns_at']})"
