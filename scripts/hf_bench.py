@@ -1,6 +1,6 @@
 """Speed of relbias.hf against the same Llama with RoPE on HF's SDPA, on the CPU.
 
-Two measurements per family, each the median of ``--repeats`` runs after a warm-up:
+Three measurements per family, each against a RoPE model timed beside it:
 
 - a training step (forward, backward, AdamW step) on ``--batch`` x ``--train-len`` tokens;
 - a cached greedy decode of ``--decode-len`` tokens (DynamicCache) after a 16-token prompt;
@@ -8,10 +8,19 @@ Two measurements per family, each the median of ``--repeats`` runs after a warm-
   ``torch.compile`` (``--compile-backend``, default inductor; one warm-up generation compiles
   the prompt's and the step's graphs).
 
+The RoPE model is timed in the same repeats as the family, alternating (RoPE first in even
+repeats, the family first in odd ones), after one warm-up of each: a machine that drifts
+(load, clock, memory) moves both timings of a repeat alike. The ratio a family reports is
+the median over the repeats of its time over RoPE's in that repeat (``*_ratio``), with every
+repeat's ratio stored (``*_ratios``) and printed as a range; ``rope`` holds RoPE's medians
+over every pairing. An earlier version timed RoPE once, before every family, and its ratios
+moved by up to 0.5 between two passes on the same machine.
+
 Prints one line per family with its seconds and its ratio to RoPE + SDPA, and writes them
 (with the settings and the machine) as JSON to ``--out`` when given::
 
-    .venv/bin/python scripts/hf_bench.py --repeats 5 --out relbias/hf/results/bench_cpu.json
+    .venv/bin/python scripts/hf_bench.py --repeats 7 --compiled \
+        --out relbias/hf/results/bench_cpu.json
 
 under PyTorch's default settings (no thread or denormal switches), on a quiet machine, from
 a clean commit (the JSON records it). A benchmark, not a test: the numbers depend on the
@@ -68,17 +77,25 @@ def small_llama(family, *, hidden, layers, heads, kv_heads, seed=0):
     return model
 
 
-def median_seconds(fn, repeats):
-    fn()  # warm-up
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+def paired_seconds(rope_fn, family_fn, repeats):
+    """Seconds of ``rope_fn`` and ``family_fn`` in alternating order, after one warm-up each:
+    ``(rope_times, family_times)``, one pair per repeat."""
+    if repeats < 1:
+        raise ValueError(f"repeats must be >= 1, got {repeats}")
+    rope_fn()
+    family_fn()
+    times = {"rope": [], "family": []}
+    for r in range(repeats):
+        order = [("rope", rope_fn), ("family", family_fn)]
+        for name, fn in order if r % 2 == 0 else order[::-1]:
+            start = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - start)
+    return times["rope"], times["family"]
 
 
-def train_step_seconds(model, batch, length, repeats):
+def train_step(model, batch, length):
+    """One training step of ``model`` (a closure) on a fixed batch of random tokens."""
     model.train()
     ids = torch.randint(0, 256, (batch, length), generator=torch.Generator().manual_seed(0))
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
@@ -88,46 +105,76 @@ def train_step_seconds(model, batch, length, repeats):
         model(input_ids=ids, labels=ids, use_cache=False).loss.backward()
         opt.step()
 
-    return median_seconds(step, repeats)
+    return step
 
 
-def decode_seconds(model, length, repeats):
-    model.eval()
+def decode(model, length, *, static=False):
+    """A greedy decode of ``length`` tokens after a 16-token prompt (a closure); ``static``:
+    through a static cache (what a compiled forward needs)."""
     prompt = torch.randint(0, 256, (1, 16), generator=torch.Generator().manual_seed(1))
+    extra = {"cache_implementation": "static"} if static else {}
 
     @torch.no_grad()
-    def decode():
-        out = model.generate(prompt, max_new_tokens=length, min_new_tokens=length, do_sample=False)
-        assert out.shape[1] == 16 + length
-
-    return median_seconds(decode, repeats)
-
-
-def compiled_decode_seconds(model, length, repeats, backend):
-    model.eval()
-    prompt = torch.randint(0, 256, (1, 16), generator=torch.Generator().manual_seed(1))
-    eager_forward = model.forward
-    # Every family's forward is the same code object (transformers' wrapper): without a reset
-    # their graphs (a prompt and a step each) share one recompile limit, and the fifth family
-    # fails under fullgraph. Each family is compiled afresh.
-    torch._dynamo.reset()
-    model.forward = torch.compile(eager_forward, backend=backend, fullgraph=True)
-
-    @torch.no_grad()
-    def decode():
+    def run():
+        model.eval()
         out = model.generate(
-            prompt,
-            max_new_tokens=length,
-            min_new_tokens=length,
-            do_sample=False,
-            cache_implementation="static",
+            prompt, max_new_tokens=length, min_new_tokens=length, do_sample=False, **extra
         )
         assert out.shape[1] == 16 + length
 
-    try:
-        return median_seconds(decode, repeats)
-    finally:
-        model.forward = eager_forward
+    return run
+
+
+def compile_forward(model, backend):
+    """Replace ``model.forward`` by its compiled version; returns the eager one."""
+    eager = model.forward
+    model.forward = torch.compile(eager, backend=backend, fullgraph=True)
+    return eager
+
+
+def measure(family, rope, args, shape):
+    """A family's timings beside ``rope`` (the RoPE model): ``{name: (rope_times,
+    family_times)}`` for the training step, the decode and (``args.compiled``) the compiled
+    static-cache decode."""
+    model = small_llama(family, **shape)
+    out = {
+        "train_step": paired_seconds(
+            train_step(rope, args.batch, args.train_len),
+            train_step(model, args.batch, args.train_len),
+            args.repeats,
+        ),
+        "decode": paired_seconds(
+            decode(rope, args.decode_len), decode(model, args.decode_len), args.repeats
+        ),
+    }
+    if args.compiled:
+        # Every model's forward is the same code object (transformers' wrapper), so their
+        # graphs share one recompile limit: each pairing starts from a reset (4 graphs).
+        torch._dynamo.reset()
+        eager = {m: compile_forward(m, args.compile_backend) for m in (rope, model)}
+        try:
+            out["compiled_decode"] = paired_seconds(
+                decode(rope, args.decode_len, static=True),
+                decode(model, args.decode_len, static=True),
+                args.repeats,
+            )
+        finally:
+            for m, fn in eager.items():
+                m.forward = fn
+    return out
+
+
+def row_of(times):
+    """A family's row: per measurement its median seconds, RoPE's beside it, the median of
+    the per-repeat ratios and every ratio."""
+    row = {}
+    for name, (rope_t, fam_t) in times.items():
+        ratios = [f / r for r, f in zip(rope_t, fam_t)]
+        row[f"{name}_s"] = statistics.median(fam_t)
+        row[f"rope_{name}_s"] = statistics.median(rope_t)
+        row[f"{name}_ratio"] = statistics.median(ratios)
+        row[f"{name}_ratios"] = ratios
+    return row
 
 
 def main(argv=None):
@@ -149,34 +196,30 @@ def main(argv=None):
     if unknown:
         parser.error(f"unknown families {unknown}; choose from {list(FAMILIES)}")
     shape = dict(hidden=args.hidden, layers=args.layers, heads=args.heads, kv_heads=args.kv_heads)
-    rows = {}
-    for family in ["rope", *args.families]:
-        model = small_llama(family, **shape)
-        rows[family] = {
-            "train_step_s": train_step_seconds(model, args.batch, args.train_len, args.repeats),
-            "decode_s": decode_seconds(model, args.decode_len, args.repeats),
-        }
-        if args.compiled:
-            rows[family]["compiled_decode_s"] = compiled_decode_seconds(
-                model, args.decode_len, args.repeats, args.compile_backend
-            )
-        base = rows["rope"]
-        rows[family]["train_step_ratio"] = rows[family]["train_step_s"] / base["train_step_s"]
-        rows[family]["decode_ratio"] = rows[family]["decode_s"] / base["decode_s"]
-        r = rows[family]
-        compiled = ""
-        if args.compiled:
-            r["compiled_decode_ratio"] = r["compiled_decode_s"] / base["compiled_decode_s"]
-            compiled = (
-                f"   compiled static decode {r['compiled_decode_s']:7.2f} s "
-                f"({r['compiled_decode_ratio']:.2f}x)"
-            )
-        print(
-            f"{family:13s} train step {r['train_step_s'] * 1e3:8.1f} ms "
-            f"({r['train_step_ratio']:.2f}x)   decode {args.decode_len} tokens "
-            f"{r['decode_s']:7.2f} s ({r['decode_ratio']:.2f}x){compiled}",
-            flush=True,
-        )
+    rope = small_llama("rope", **shape)
+    rows, rope_times = {}, {}
+    for family in args.families:
+        times = measure(family, rope, args, shape)
+        rows[family] = r = row_of(times)
+        for name, (rope_t, _) in times.items():
+            rope_times.setdefault(name, []).extend(rope_t)
+        line = f"{family:13s}"
+        for name, label in (
+            ("train_step", "train step"),
+            ("decode", f"decode {args.decode_len}"),
+            ("compiled_decode", "compiled static decode"),
+        ):
+            if f"{name}_ratio" in r:
+                lo, hi = min(r[f"{name}_ratios"]), max(r[f"{name}_ratios"])
+                line += f"   {label} {r[f'{name}_ratio']:.2f}x [{lo:.2f}-{hi:.2f}]"
+        print(line, flush=True)
+    rows = {
+        "rope": {
+            **{f"{n}_s": statistics.median(t) for n, t in rope_times.items()},
+            **{f"{n}_ratio": 1.0 for n in rope_times},
+        },
+        **rows,
+    }
     result = {
         "settings": vars(args),
         "machine": {
@@ -187,7 +230,8 @@ def main(argv=None):
             "commit": checkout_commit(),
             "command": " ".join(sys.argv),
         },
-        "baseline": "the same Llama with RoPE on HF's sdpa attention",
+        "baseline": "the same Llama with RoPE on HF's sdpa attention, timed beside each family "
+        "in alternating order; a ratio is the median of the per-repeat ratios",
         "results": rows,
     }
     if args.out:
