@@ -116,7 +116,24 @@ def _curve_words(curve: dict, bits: dict | None = None) -> str:
                 default=first,
             )
             return f"degrades past {turn} tokens, after a fall at the edge"
+    if answer == "degrades" and bits:
+        return f"degrades{_rise_start(curve['changes'])}"
     return answer
+
+
+def _rise_start(changes: list[dict]) -> str:
+    """Where a "degrades" curve's rise starts, as far as the paired verdicts show it: past
+    the last length not shown "higher" than the first; where the last length itself is not
+    shown "higher" than the first, past the first length it is shown "higher" than."""
+    first, last = min(c["start"] for c in changes), max(c["end"] for c in changes)
+    whole = next(c for c in changes if (c["start"], c["end"]) == (first, last))
+    if whole["answer"] == "higher":
+        from_first = [c["end"] for c in changes if c["start"] == first and c["answer"] != "higher"]
+        turn = max(from_first, default=first)
+    else:
+        shown = [c["start"] for c in changes if c["end"] == last and c["answer"] == "higher"]
+        turn = min(shown, default=first)
+    return "" if turn == first else f" past {turn} tokens"
 
 
 #: The decision table's one vocabulary for a curve: the loss rises (reads worse) or falls.

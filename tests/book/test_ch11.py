@@ -106,6 +106,11 @@ def test_the_decision_table_speaks_of_a_rising_or_falling_loss(rows):
     assert words[rf.LABELS["alibi"]] == "falls, then levels off"
     assert words[rf.LABELS["yarn+alibi"]].startswith("falls to 512 tokens, rises past it")
     assert not any("improves" in w or "degrades" in w for w in words.values())
+    # where the rise starts comes from the verdicts: Kerple-log's 2,048 is not shown above its
+    # 128, only above its 512
+    assert words[rf.LABELS["kerple_log"]] == "rises past 512 tokens"
+    assert words[rf.LABELS["linear"]] == "rises past 512 tokens"
+    assert words[rf.LABELS["t5"]] == "rises"  # higher from the first length on
     assert "bits/token" in headers[5] and "above 0" in headers[5]
 
 
