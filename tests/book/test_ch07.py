@@ -151,3 +151,22 @@ def test_the_zero_shot_runs_are_not_read_as_evidence_against_the_middle_pairs_gu
     assert "not tested by the zero-shot runs either way" in lab
     # one pair numbering (from 1) in the lesson's exercises
     assert "0-based" not in _markdown(LESSON)
+
+
+def test_the_live_demo_and_the_break_are_stated_as_the_runs_show():
+    # the live run's orderings that hold over three seeds are claimed (zero-shot and 50 steps);
+    # the cause of RoPE's break is "expected", our reading, not stated as fact
+    source = _claims_source()
+    for name in (
+        '"50 steps 4x: linear vs none"',
+        'name=f"50 steps 4x: {label} vs none"',
+        '"100 steps 16x: NTK vs none"',
+        'name=f"100 steps {f}x: linear vs none"',
+    ):
+        assert name in source, name
+    lesson, lab = _markdown(LESSON), _markdown(LAB)
+    assert "only its coarse zero-shot order holds" not in lesson
+    assert "## Why RoPE does not extrapolate" not in lesson
+    assert "stays behind plain RoPE" not in lesson
+    assert "the book's one rule" not in lab
+    assert "ch7_t50_ratio" in lab
