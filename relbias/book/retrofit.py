@@ -110,30 +110,23 @@ def _curve_words(curve: dict, bits: dict | None = None) -> str:
                 later = [c["start"] for c in back if c["start"] >= turn]
                 rise = min(later) if later else min(c["start"] for c in back)
                 where = "it" if rise == turn else f"{rise} tokens"
-                return f"improves to {turn} tokens, rises past {where} at the edge"
-            turn = max(
-                (c["end"] for c in from_first if c["answer"] != shown),
-                default=first,
-            )
-            return f"degrades past {turn} tokens, after a fall at the edge"
+                return f"improves to {turn} tokens, rises past {where} (verdict: at the edge)"
+            return f"degrades{_rise_start(changes)}, after a fall (verdict: at the edge)"
     if answer == "degrades" and bits:
         return f"degrades{_rise_start(curve['changes'])}"
     return answer
 
 
 def _rise_start(changes: list[dict]) -> str:
-    """Where a "degrades" curve's rise starts, as far as the paired verdicts show it: past
-    the last length not shown "higher" than the first; where the last length itself is not
-    shown "higher" than the first, past the first length it is shown "higher" than."""
-    first, last = min(c["start"] for c in changes), max(c["end"] for c in changes)
-    whole = next(c for c in changes if (c["start"], c["end"]) == (first, last))
-    if whole["answer"] == "higher":
-        from_first = [c["end"] for c in changes if c["start"] == first and c["answer"] != "higher"]
-        turn = max(from_first, default=first)
-    else:
-        shown = [c["start"] for c in changes if c["end"] == last and c["answer"] == "higher"]
-        turn = min(shown, default=first)
-    return "" if turn == first else f" past {turn} tokens"
+    """Where a "degrades" curve's rise starts, as far as the paired verdicts show it: at the
+    first length shown "higher" than some shorter one, so the rise is stated "past" the
+    length just before it (nothing, where that is the first length)."""
+    lengths = sorted({c["start"] for c in changes} | {c["end"] for c in changes})
+    higher = [c["end"] for c in changes if c["answer"] == "higher"]
+    if not higher:
+        return ""
+    turn = lengths[lengths.index(min(higher)) - 1]
+    return "" if turn == lengths[0] else f" past {turn} tokens"
 
 
 #: The decision table's one vocabulary for a curve: the loss rises (reads worse) or falls.
@@ -190,13 +183,18 @@ def decision_table(
     headers = [
         "option",
         "parameters added" + (f" (total, {layers} layers)" if layers else ""),
-        f"bits/byte at m_l = {train_len} tokens, minus the base's",
+        f"bits/byte at m_l = {train_len} tokens"
+        + (" after the fine-tune" if stage == "fine_tuned" else "")
+        + ", minus the base's",
         f"the loss from {train_len} to {16 * train_len} tokens",
         "bits/byte at 16 m_l, minus RoPE fine-tuned",
         "far tokens at 16 m_l: whole window minus sliding window, bits/token (above 0: worse)",
     ]
     if stage == "fine_tuned":
-        headers.append("end of the fine-tune: m_l loss minus the base's; back to it?")
+        headers.append(
+            "end of the fine-tune, on its own held-out windows (not the text read in the m_l "
+            "column): m_l loss minus the base's; back to it?"
+        )
     return out, headers
 
 

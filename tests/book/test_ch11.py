@@ -106,9 +106,9 @@ def test_the_decision_table_speaks_of_a_rising_or_falling_loss(rows):
     assert words[rf.LABELS["alibi"]] == "falls, then levels off"
     assert words[rf.LABELS["yarn+alibi"]].startswith("falls to 512 tokens, rises past it")
     assert not any("improves" in w or "degrades" in w for w in words.values())
-    # where the rise starts comes from the verdicts: Kerple-log's 2,048 is not shown above its
-    # 128, only above its 512
-    assert words[rf.LABELS["kerple_log"]] == "rises past 512 tokens"
+    # where the rise starts comes from the verdicts: Kerple-log's 1,024 is above its 512 only at
+    # the edge; 2,048 is the first length shown "higher" than a shorter one
+    assert words[rf.LABELS["kerple_log"]] == "rises past 1024 tokens"
     assert words[rf.LABELS["linear"]] == "rises past 512 tokens"
     assert words[rf.LABELS["t5"]] == "rises"  # higher from the first length on
     assert "bits/token" in headers[5] and "above 0" in headers[5]
@@ -134,10 +134,37 @@ def test_a_curves_fall_is_stated_only_as_far_as_the_verdicts_show_it(rows):
     }
     bits = {128: [2.0], 256: [1.99], 512: [1.98], 1024: [2.03]}  # lowest mean at 512
     assert (
-        rf._curve_words(curve, bits) == "improves to 256 tokens, rises past 512 tokens at the edge"
+        rf._curve_words(curve, bits)
+        == "improves to 256 tokens, rises past 512 tokens (verdict: at the edge)"
     )
     curve["changes"][1]["answer"] = "lower"  # now the fall to 512 is shown
-    assert rf._curve_words(curve, bits) == "improves to 512 tokens, rises past it at the edge"
+    assert (
+        rf._curve_words(curve, bits)
+        == "improves to 512 tokens, rises past it (verdict: at the edge)"
+    )
     table, _ = rf.curve_table(rows, "zero_shot")
     words = {line[0]: line[-1] for line in table}
     assert words[rf.LABELS["yarn+alibi"]].startswith("improves to 256 tokens")
+
+
+def test_a_rise_is_stated_past_the_length_before_the_first_one_shown_higher(rows):
+    """ "Degrades past N" names the length just before the first one the paired verdicts show
+    "higher" than a shorter one: dynamic NTK before the fine-tune rises from 256 to 512
+    ("higher") though 512 against 128 is only at the edge, so it degrades past 256."""
+    changes = [
+        _change(128, 256, "cannot be told apart", 0.01),
+        _change(128, 512, "at the edge", 0.077),
+        _change(128, 1024, "higher", 0.26),
+        _change(256, 512, "higher", 0.066),
+        _change(256, 1024, "higher", 0.25),
+        _change(512, 1024, "higher", 0.19),
+    ]
+    assert rf._rise_start(changes) == " past 256 tokens"
+    changes[3]["answer"] = "cannot be told apart"  # now 1,024 is the first shown higher
+    assert rf._rise_start(changes) == " past 512 tokens"
+    changes[0]["answer"] = "higher"  # higher from the first length on
+    assert rf._rise_start(changes) == ""
+    table, _ = rf.curve_table(rows, "zero_shot")
+    words = {line[0]: line[-1] for line in table}
+    assert words[rf.LABELS["dynamic_ntk"]] == "degrades past 256 tokens"
+    assert words[rf.LABELS["linear"]] == words[rf.LABELS["yarn"]] == "degrades past 512 tokens"
