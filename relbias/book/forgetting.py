@@ -363,3 +363,18 @@ def plot_stored_gates(results: dict, method: str = "forgetting"):
     # outside the axes, right of them: inside it would cover the longest bars' lower ends
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
     return fig
+
+
+def unpaired_accuracy(results: dict, a: str, b: str, length: int, distance=None) -> dict:
+    """:func:`relbias.lab.stats.verdict` of ``a``'s recall against ``b``'s at one length
+    and distance (default the farthest), **unpaired**: for runs whose pairing is not shown
+    (trained at different commits, where nothing records that the probe drew the same
+    sequences), each side's interval over its own seeds. ``error``: the probe's own
+    sampling error of the difference of the two means (each side's
+    :func:`~relbias.lab.stats.probe_error`, the two independent)."""
+    from relbias.lab import readings, stats
+
+    va, samples_a, d = readings.seed_accuracies(results, a, length, distance)
+    vb, samples_b, _ = readings.seed_accuracies(results, b, length, distance)
+    error = math.hypot(stats.probe_error(va, samples_a), stats.probe_error(vb, samples_b))
+    return {**stats.verdict(va, vb, paired=False, error=error), "length": length, "distance": d}

@@ -139,3 +139,22 @@ def test_plot_gate_row_names_alibis_slope_m_after_the_scaling():
     assert labels == ["forget gate", "ALiBi, m = 0.1"]
     assert fig.axes[1].get_ylabel() == "content-free attention"
     plt.close(fig)
+
+
+def test_unpaired_accuracy_compares_each_sides_interval_with_the_probe_error():
+    from relbias.lab import readings, stats
+    from relbias.lab.results import combine, load_stored, renamed
+
+    probe = combine(
+        load_stored("retrieval"),
+        renamed(load_stored("forgetting_retrieval_init5"), {"forgetting": "forgetting_b5"}),
+        same_seeds=False,
+    )
+    long = readings.probe_lengths(probe)[-1]
+    v = forgetting.unpaired_accuracy(probe, "forgetting_b5", "nope", long)
+    a, samples, d = readings.seed_accuracies(probe, "forgetting_b5", long, None)
+    b, _, _ = readings.seed_accuracies(probe, "nope", long, None)
+    assert v["paired"] is False and v["distance"] == d and len(a) == 6 and len(b) == 3
+    assert v["answer"] == stats.verdict(a, b, paired=False)["answer"] == "lower"
+    error = math.hypot(stats.probe_error(a, samples), stats.probe_error(b, samples))
+    assert v["error"] == pytest.approx(error)
