@@ -27,6 +27,7 @@ from relbias.lab import readback, readings
 
 __all__ = [
     "Y_LABEL",
+    "answer_key",
     "context_rows",
     "edge_rows",
     "lab_setting_box",
@@ -192,3 +193,65 @@ def provenance_rows(kinds, methods):
         )
     headers = ["stored sweep", "files (relbias/lab/results)", "steps", "m_l", "seeds", "commits"]
     return rows, headers
+
+
+def named_config_steps(results: dict) -> int:
+    """The steps of the named configuration that ``results`` ran (its own budget)."""
+    from relbias.lab.config import get_config
+
+    return get_config(results["provenance"]["config"]["name"]).steps
+
+
+def answer_key(longer: dict, short: dict, ablation: dict, probe: dict, quick) -> Markdown:
+    """The lesson's key above its answer table, as Markdown bullets without maths (a glued
+    block): which models each run set names (m_l, steps, seeds), how the ablation's
+    retrained models match the short runs, the sliding-window test, the recall probe and
+    its chance (5/12), and the live demo's ``quick`` configuration."""
+    from relbias.lab.results import describe
+
+    long_info, short_info = describe(longer), describe(short)
+    abl_info, probe_info = describe(ablation), describe(probe)
+    m_l = long_info["train_len"]
+    for info in (short_info, abl_info, probe_info):
+        if info["train_len"] != m_l or info["seeds"] != long_info["seeds"]:
+            raise ValueError("the key's run sets differ in m_l or seeds")
+    if probe["probe"]["num_competitors"] != 1:  # chance 5/12: Chapter 1's sec-probe
+        raise ValueError("the probe's chance is no longer 5/12")
+    if short_info["steps"] != named_config_steps(short):
+        raise ValueError("the short runs no longer train the medium configuration's budget")
+    if not abl_info["steps"] == probe_info["probe_steps"] == short_info["steps"]:
+        raise ValueError("the ablation and the probe no longer train the short runs' steps")
+    factors = (1, 2, 4, 8, 16)
+    match = max(
+        abs(readings.at_factor(ablation, m, f)["mean"] - readings.at_factor(short, m, f)["mean"])
+        for m in ("offset", "nope")
+        for f in factors
+    )
+    lengths = readings.probe_lengths(probe)
+    longest = m_l * factors[-1]
+    items = [
+        f"*Long runs*: the table and NoPE trained {long_info['steps']:,} steps on windows of "
+        f"{m_l} bytes, {long_info['seeds']} seeds (a seed's two models on the same batches).",
+        f"*Short runs*: separate runs of the same models and seeds, trained "
+        f"{short_info['steps']:,} steps. Both sets use the *medium* configuration (the model "
+        "and windows of every stored run here); the short runs train its own budget.",
+        f"*Ablation models*: the short runs trained again (new models, same configuration, "
+        f"steps and seeds); their means over seeds lie within {match:.2f} bits per byte of the "
+        f"short runs' at every window length.",
+        f"*Sliding-window test* (short runs): in windows of {longest:,} bytes, the bytes after "
+        f"the first {m_l} are read twice, with the whole window before them and through a "
+        f"window of at most {m_l} bytes sliding along the text; each is the mean over "
+        "those bytes. Reading them worse whole means more context harms.",
+        f"*Recall probe*: separate models trained {probe_info['probe_steps']:,} steps on "
+        f"{m_l}-byte windows to give the digit stored with a key when the key is asked again "
+        f"at the end; tested in windows of {', '.join(str(n) for n in lengths[:-1])} and "
+        f"{lengths[-1]:,} bytes, the digit almost a whole test window back (so in the longer "
+        "two, farther back than any training window). Chance, a random pick among the digits "
+        "present: 5/12.",
+        f"*Quick*: the live demo's configuration on a CPU: {quick.train_len}-byte windows, "
+        f"{quick.steps:,} steps, one seed (on a GPU it runs the medium one).",
+        "*Bits per byte*: the loss on held-out Python text, the mean over every byte of a "
+        "window unless said otherwise; lower reads better.",
+    ]
+    text = "\n".join(f"- {item}" for item in items) + "\n"
+    return Markdown(text)

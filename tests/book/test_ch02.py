@@ -168,3 +168,21 @@ def test_edge_rows_read_every_head_of_every_seed():
     rows, headers = offset_table.edge_rows({"short": res}, digits=2)
     assert headers[0] == "trained" and len(rows) == 1
     assert rows[0] == ["short", "1.20 to 1.30", "0.20 to 0.30", "4 of 4"]
+
+
+def test_answer_key_names_every_run_set_from_the_records():
+    from relbias.book import offset_table
+    from relbias.lab.config import get_config
+    from relbias.lab.results import load_stored
+
+    key = offset_table.answer_key(
+        load_stored("extrapolation_15000"),
+        load_stored("extrapolation"),
+        load_stored("offset"),
+        load_stored("retrieval"),
+        get_config("quick"),
+    ).data
+    for term in ("*Long runs*", "*Short runs*", "*medium*", "*Ablation models*", "*Quick*"):
+        assert term in key
+    assert "15,000 steps" in key and "3,000 steps" in key and "5/12" in key
+    assert "$" not in key  # a glued block: no maths
