@@ -170,3 +170,13 @@ def test_the_live_demo_and_the_break_are_stated_as_the_runs_show():
     assert "stays behind plain RoPE" not in lesson
     assert "the book's one rule" not in lab
     assert "ch7_t50_ratio" in lab
+
+
+def test_the_break_is_not_split_by_zero_shot_yarn_and_the_extra_steps_are_unmeasured():
+    lab, lesson = _markdown(LAB), _markdown(LESSON)
+    assert "a third of the break" not in lab and "not all of it" not in lab
+    assert "which fits it" not in lab
+    assert "tested only in part" not in lesson and "tested\n  only in part" not in lesson
+    assert "a small advantage" not in lesson and "unmeasured size" in lesson
+    assert "worse than plain RoPE <sec-ch7-price>" in lesson
+    assert "guess between the two digits" in lab
