@@ -38,6 +38,7 @@ from relbias.lab.results import describe, seed_count
 
 __all__ = [
     "MECHANISM",
+    "QUICK_RUNS",
     "RUN_HEADERS",
     "answer_rows",
     "context_rows",
@@ -52,6 +53,11 @@ __all__ = [
     "t5_tables",
     "table_2_4_curves",
 ]
+
+#: The stored quick-configuration runs Chapter 8's pages read (every other finding rests on
+#: medium-configuration sweeps): the explorer's sweep, Chapter 7's interpolation runs and the
+#: first, single-key recall probe.
+QUICK_RUNS = ("extrapolation_quick", "interpolation_quick", "retrieval_quick")
 
 #: The columns of :func:`runs_rows`.
 RUN_HEADERS = [

@@ -326,3 +326,20 @@ def test_the_lab_notes_hold_every_label_of_the_old_page():
     text = _markdown("08_side_by_side_lab.ipynb")
     for label in ("sec-ch8-finding", "sec-ch8-context", "sec-ch8-longer", "sec-ch8-probe"):
         assert f"({label})=" in text
+
+
+def test_the_quick_runs_the_pages_read_are_the_ones_the_runs_section_lists():
+    import json
+    import re
+    from pathlib import Path
+
+    from relbias.lab import load_results
+
+    book = Path(__file__).resolve().parents[2] / "book"
+    names = set()
+    for page in ("08_side_by_side.ipynb", "08_side_by_side_lab.ipynb"):
+        cells = json.loads((book / page).read_text())["cells"]
+        code = "\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "code")
+        names |= set(re.findall(r'load_results\("([a-z0-9_]+)"\)', code))
+    quick = {n for n in names if load_results(n)["provenance"]["config"]["name"] == "quick"}
+    assert quick == set(side_by_side.QUICK_RUNS)
