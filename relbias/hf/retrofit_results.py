@@ -24,6 +24,8 @@ from relbias.lab.stats import curve_verdict, probe_error, text_error, verdict
 __all__ = [
     "RECALL_CHANCE",
     "LATEST_CHANCE",
+    "context_use_verdict",
+    "span_means",
     "load_runs",
     "option_rows",
     "final_gap",
@@ -70,6 +72,27 @@ def _at(read: dict, length: int) -> dict:
 def _far_accuracy(read: dict, task: str, train_len: int) -> float:
     rows = [r for r in read[task] if r["distance"] > train_len]
     return statistics.fmean(r["accuracy"] for r in rows)
+
+
+def span_means(values, spans: int) -> list[float]:
+    """Per span, the mean of its windows' values: ``values`` holds one value per window,
+    the windows of each span in order (a length of ``L`` tokens cuts each span of the
+    longest length into the same number of windows), so ``spans`` values come back."""
+    values = list(values)
+    per = len(values) // spans if spans > 0 else 0
+    if spans < 1 or per < 1 or per * spans != len(values):
+        raise ValueError(f"{len(values)} window values cannot be cut into {spans} equal spans")
+    return [statistics.fmean(values[i * per : (i + 1) * per]) for i in range(spans)]
+
+
+def context_use_verdict(uses: list[dict], spans: int) -> dict:
+    """The verdict on the context-use measure over the seeds (``uses``: one
+    ``context_use`` entry per seed), its text error one standard error over the ``spans``
+    spans: each span's windows averaged first (:func:`span_means`), not counted as spans."""
+    return verdict(
+        [u["difference"] for u in uses],
+        error=text_error([span_means(u["difference_by_span"], spans) for u in uses]),
+    )
 
 
 def recovery_steps(record: dict, base_bpb: float) -> int | None:
@@ -129,10 +152,7 @@ def option_rows(runs: dict) -> list[dict]:
                 error=text_error(by_span[longest], [e["bits_by_span"] for e in far_control]),
             )
             uses = [_at(r, longest)["context_use"] for r in reads]
-            row["context_use"] = verdict(
-                [u["difference"] for u in uses],
-                error=text_error([u["difference_by_span"] for u in uses]),
-            )
+            row["context_use"] = context_use_verdict(uses, study["spans"])
             for task, chance in (("recall", RECALL_CHANCE), ("latest", LATEST_CHANCE)):
                 acc = [_far_accuracy(r, task, m_l) for r in reads]
                 far = [x for x in reads[0][task] if x["distance"] > m_l]

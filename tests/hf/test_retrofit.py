@@ -26,7 +26,13 @@ from relbias.hf.recall import (  # noqa: E402
     training_sequence,
 )
 from relbias.hf.retrofit import OPTIONS, fine_tune, load_option, params_added  # noqa: E402
-from relbias.hf.retrofit_results import load_runs, option_rows, recovery_steps  # noqa: E402
+from relbias.hf.retrofit_results import (  # noqa: E402
+    context_use_verdict,
+    load_runs,
+    option_rows,
+    recovery_steps,
+    span_means,
+)
 
 FILLER_CHARS = "abcdefghijklmnopqrstuvwxyz ."
 
@@ -379,3 +385,16 @@ def test_runner_is_resumable_and_its_reader_reads_it(tmp_path, monkeypatch):
 def test_runner_refuses_an_unknown_setting(tmp_path):
     with pytest.raises(SystemExit):
         retrofit_study.main(["base", "--folder", str(tmp_path), "--set", "steps=3"])
+
+
+def test_context_use_error_is_taken_over_spans_not_windows():
+    # two spans of two windows each: the error is that of the two span means
+    assert span_means([1.0, 3.0, 5.0, 7.0], 2) == [2.0, 6.0]
+    with pytest.raises(ValueError):
+        span_means([1.0, 2.0, 3.0], 2)
+    uses = [
+        {"difference": 4.0 + k, "difference_by_span": [1.0 + k, 3.0 + k, 5.0 + k, 7.0 + k]}
+        for k in (0.0, 0.1, 0.2)
+    ]
+    got = context_use_verdict(uses, 2)
+    assert got["error"] == pytest.approx(2.0)  # stdev of (2.1, 6.1) over sqrt(2)
