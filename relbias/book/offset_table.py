@@ -229,16 +229,17 @@ def answer_key(longer: dict, short: dict, ablation: dict, probe: dict, quick) ->
     )
     lengths = readings.probe_lengths(probe)
     longest = m_l * factors[-1]
+    short_runs = f"{short_info['steps']:,}-step runs"  # the budgets' names, as the lab's
     items = [
-        f"*Long runs*: the table and NoPE trained {long_info['steps']:,} steps on windows of "
+        f"*{long_info['steps']:,}-step runs*: the table and NoPE trained on windows of "
         f"{m_l} bytes, {long_info['seeds']} seeds (a seed's two models on the same batches).",
-        f"*Short runs*: separate runs of the same models and seeds, trained "
-        f"{short_info['steps']:,} steps. Both sets use the *medium* configuration (the model "
-        "and windows of every stored run here); the short runs train its own budget.",
-        f"*Ablation models*: the short runs trained again (new models, same configuration, "
-        f"steps and seeds); their means over seeds lie within {match:.2f} bits per byte of the "
-        f"short runs' at every window length.",
-        f"*Sliding-window test* (short runs): in windows of {longest:,} bytes, the bytes after "
+        f"*{short_runs}*: separate runs of the same models and seeds. Both sets use the "
+        "*medium* configuration (the model and windows of every stored run here); the "
+        f"{short_runs} train its own budget.",
+        f"*Ablation models*: the {short_runs} trained again (new models, same configuration, "
+        f"steps and seeds); their means over seeds lie within about {match:.2f} bits per "
+        f"byte of the {short_runs}' at every window length.",
+        f"*Sliding-window test* ({short_runs}): in windows of {longest:,} bytes, the bytes after "
         f"the first {m_l} are read twice, with the whole window before them and through a "
         f"window of at most {m_l} bytes sliding along the text; each is the mean over "
         "those bytes. Reading them worse whole means more context harms.",

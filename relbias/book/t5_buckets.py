@@ -30,8 +30,8 @@ __all__ = [
 ]
 
 #: The axis label of a bias the library computes: it adds its number after the 1/sqrt(d)
-#: scaling, so that number is the book's PE(i, j) divided by sqrt(d) (T5's own u_b of the
-#: book's Eq. 2.81, which does not scale at all).
+#: scaling, so that number is the book's PE(i, j) divided by sqrt(d) (T5's own u_b, which
+#: does not scale at all: the book's footnote 16).
 LIBRARY_BIAS_LABEL = r"$\mathrm{PE}(i,j)/\sqrt{d}$"
 
 
