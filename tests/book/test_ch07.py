@@ -177,6 +177,19 @@ def test_the_break_is_not_split_by_zero_shot_yarn_and_the_extra_steps_are_unmeas
     assert "a third of the break" not in lab and "not all of it" not in lab
     assert "which fits it" not in lab
     assert "tested only in part" not in lesson and "tested\n  only in part" not in lesson
-    assert "a small advantage" not in lesson and "unmeasured size" in lesson
+    assert "a small advantage" not in lesson and "unmeasured size" not in lesson
+    # the exercise: at 4 m_l the ordering rests on YaRN's extra steps (zero-shot YaRN reads worse)
+    assert "ch7_ex_zs_yarn4" in lesson and "ch7_ex_steps_fall" not in lesson
     assert "worse than plain RoPE <sec-ch7-price>" in lesson
-    assert "guess between the two digits" in lab
+    assert "guess between the two digits" in lab and "at the level of a guess" not in lab
+    assert "cannot be told apart from a guess" in lab
+    # the zero-shot by-position panel: a graded excess, not "YaRN is high too"
+    assert "does not single it out" not in lab and "no run isolates the cause" in lab
+    # Fig. angles' caption agrees with the body: the cause is our reading, untested
+    captions = " ".join(
+        c["metadata"]["mystnb"]["figure"]["caption"]
+        for c in json.loads(LESSON.read_text())["cells"]
+        if "figure" in c.get("metadata", {}).get("mystnb", {})
+    )
+    assert "tested only in part" not in captions and "untested by a stored run" in captions
+    assert "not at $16\\,m_l$" not in lesson
