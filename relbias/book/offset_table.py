@@ -28,6 +28,7 @@ from relbias.lab import readback, readings
 __all__ = [
     "Y_LABEL",
     "answer_key",
+    "recall_above_chance",
     "context_rows",
     "edge_rows",
     "lab_setting_box",
@@ -202,6 +203,26 @@ def named_config_steps(results: dict) -> int:
     return get_config(results["provenance"]["config"]["name"]).steps
 
 
+CHANCE = (1 / 2 + 1 / 3) / 2  # the probe's one nearer pair, and a farther one half the time
+CHANCE_TEXT = "5/12"
+
+
+def recall_above_chance(probe: dict, method: str, length: int) -> dict:
+    """:func:`relbias.lab.stats.verdict` of ``method``'s recall at the farthest distance of
+    ``length`` minus :data:`CHANCE` (a random pick among the digits present: one nearer
+    competing pair, and half the time a farther one), per seed, with the probe's own
+    binomial error. The stored file's ``guess_among_present`` (0.5) is the bound with no
+    farther pair."""
+    from relbias.lab import stats
+
+    if probe["probe"]["num_competitors"] != 1:
+        raise ValueError("the probe's chance is no longer 5/12")
+    values, samples, _ = readings.seed_accuracies(probe, method, length)
+    return stats.verdict(
+        [a - CHANCE for a in values], None, paired=True, error=stats.probe_error(values, samples)
+    )
+
+
 def answer_key(longer: dict, short: dict, ablation: dict, probe: dict, quick) -> Markdown:
     """The lesson's key above its answer table, as Markdown bullets without maths (a glued
     block): which models each run set names (m_l, steps, seeds), how the ablation's
@@ -234,8 +255,9 @@ def answer_key(longer: dict, short: dict, ablation: dict, probe: dict, quick) ->
         f"*{long_info['steps']:,}-step runs*: the table and NoPE trained on windows of "
         f"{m_l} bytes, {long_info['seeds']} seeds (a seed's two models on the same batches).",
         f"*{short_runs}*: separate runs of the same models and seeds. Both sets use the "
-        "*medium* configuration (the model and windows of every stored run here); the "
-        f"{short_runs} train its own budget.",
+        "*medium* configuration (the model and windows of every stored run here): "
+        f"{short_info['steps']:,} steps is its own budget, and the {long_info['steps']:,}-step "
+        f"runs train {long_info['steps'] // short_info['steps']} times as long.",
         f"*Ablation models*: the {short_runs} trained again (new models, same configuration, "
         f"steps and seeds); their means over seeds lie within about {match:.2f} bits per "
         f"byte of the {short_runs}' at every window length.",
@@ -245,10 +267,11 @@ def answer_key(longer: dict, short: dict, ablation: dict, probe: dict, quick) ->
         "those bytes. Reading them worse whole means more context harms.",
         f"*Recall probe*: separate models trained {probe_info['probe_steps']:,} steps on "
         f"{m_l}-byte windows to give the digit stored with a key when the key is asked again "
-        f"at the end; tested in windows of {', '.join(str(n) for n in lengths[:-1])} and "
+        "at the end, with one nearer pair of another key and, half the time, one farther "
+        "pair; tested in windows of {', '.join(str(n) for n in lengths[:-1])} and "
         f"{lengths[-1]:,} bytes, the digit almost a whole test window back (so in the longer "
         "two, farther back than any training window). Chance, a random pick among the digits "
-        "present: 5/12.",
+        f"present (two, or three half the time): {CHANCE_TEXT}.",
         f"*Quick*: the live demo's configuration on a CPU: {quick.train_len}-byte windows, "
         f"{quick.steps:,} steps, one seed (on a GPU it runs the medium one).",
         "*Bits per byte*: the loss on held-out Python text, the mean over every byte of a "
