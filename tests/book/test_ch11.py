@@ -135,12 +135,12 @@ def test_a_curves_fall_is_stated_only_as_far_as_the_verdicts_show_it(rows):
     bits = {128: [2.0], 256: [1.99], 512: [1.98], 1024: [2.03]}  # lowest mean at 512
     assert (
         rf._curve_words(curve, bits)
-        == "improves to 256 tokens, rises past 512 tokens (verdict: at the edge)"
+        == "improves to 256 tokens, rises past 512 tokens (the rise: at the edge)"
     )
     curve["changes"][1]["answer"] = "lower"  # now the fall to 512 is shown
     assert (
         rf._curve_words(curve, bits)
-        == "improves to 512 tokens, rises past it (verdict: at the edge)"
+        == "improves to 512 tokens, rises past it (the rise: at the edge)"
     )
     table, _ = rf.curve_table(rows, "zero_shot")
     words = {line[0]: line[-1] for line in table}
