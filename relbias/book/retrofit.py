@@ -34,6 +34,7 @@ __all__ = [
     "quick_study",
     "row_of",
     "setting_rows",
+    "stored_bench",
     "token_budget",
 ]
 
@@ -397,21 +398,33 @@ def probe_table(runs: dict, task: str, stage: str = "fine_tuned"):
     return out, ["option", *(f"{d} back" for d in distances)]
 
 
-def latency_rows(path=None):
-    """The stored benchmark of :mod:`scripts.hf_bench` (``relbias/hf/results/bench_cpu.json``):
-    per family the training step's and the cached decode's time over RoPE's; and the
-    benchmark's machine line."""
+def stored_bench(path=None) -> dict:
+    """The stored benchmark of :mod:`scripts.hf_bench` (``relbias/hf/results/bench_cpu.json``)."""
     import json
 
     from relbias.hf.retrofit_study import FOLDER
 
     path = Path(path) if path is not None else FOLDER.parent / "bench_cpu.json"
-    bench = json.loads(path.read_text())
+    return json.loads(path.read_text())
+
+
+def latency_rows(path=None):
+    """The stored benchmark of :mod:`scripts.hf_bench` (``relbias/hf/results/bench_cpu.json``):
+    per family the training step's and the cached decode's time over RoPE's (the median of
+    the per-repeat ratios, with their range where the file holds them); and the benchmark's
+    machine line."""
+    bench = stored_bench(path)
+
+    def cell(r, name):
+        text = f"{r[f'{name}_ratio']:.2f}"
+        spread = r.get(f"{name}_ratios")
+        return text + (f" ({min(spread):.2f}-{max(spread):.2f})" if spread else "")
+
     out = []
     for family, r in bench["results"].items():
-        line = [family, f"{r['train_step_ratio']:.2f}", f"{r['decode_ratio']:.2f}"]
+        line = [family, cell(r, "train_step"), cell(r, "decode")]
         if "compiled_decode_ratio" in r:
-            line.append(f"{r['compiled_decode_ratio']:.2f}")
+            line.append(cell(r, "compiled_decode"))
         out.append(line)
     headers = ["family", "training step / RoPE's", "cached decode / RoPE's"]
     if any("compiled_decode_ratio" in r for r in bench["results"].values()):
