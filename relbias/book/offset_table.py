@@ -268,7 +268,7 @@ def answer_key(longer: dict, short: dict, ablation: dict, probe: dict, quick) ->
         f"*Recall probe*: separate models trained {probe_info['probe_steps']:,} steps on "
         f"{m_l}-byte windows to give the digit stored with a key when the key is asked again "
         "at the end, with one nearer pair of another key and, half the time, one farther "
-        "pair; tested in windows of {', '.join(str(n) for n in lengths[:-1])} and "
+        f"pair; tested in windows of {', '.join(str(n) for n in lengths[:-1])} and "
         f"{lengths[-1]:,} bytes, the digit almost a whole test window back (so in the longer "
         "two, farther back than any training window). Chance, a random pick among the digits "
         f"present (two, or three half the time): {CHANCE_TEXT}.",
