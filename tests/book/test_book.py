@@ -584,6 +584,20 @@ def test_every_glue_role_has_a_value(path):
     assert not missing, f"{{glue}} roles without a glued value in this notebook: {missing}"
 
 
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=NOTEBOOK_IDS)
+def test_each_glue_name_is_stored_once(path):
+    """A name glued by two cells fails a clean book build ("glue key ... duplicate"), while an
+    incremental build of the changed page alone may pass."""
+    counts: dict[str, int] = {}
+    for cell in code_cells(load(path)):
+        for out in cell.get("outputs", []):
+            name = ((out.get("metadata") or {}).get("scrapbook") or {}).get("name")
+            if name:
+                counts[name] = counts.get(name, 0) + 1
+    twice = sorted(n for n, k in counts.items() if k > 1)
+    assert not twice, f"glue names stored by more than one output: {twice}"
+
+
 def bib_keys() -> set[str]:
     return set(re.findall(r"^@\w+\{([^,\s]+),", (ROOT / "references.bib").read_text(), re.M))
 
