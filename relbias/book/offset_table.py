@@ -207,6 +207,12 @@ CHANCE = (1 / 2 + 1 / 3) / 2  # the probe's one nearer pair, and a farther one h
 CHANCE_TEXT = "5/12"
 
 
+def _check_chance(probe: dict) -> None:
+    """:data:`CHANCE` holds only for the probe with one competitor (Chapter 1's sec-probe)."""
+    if probe["probe"]["num_competitors"] != 1:
+        raise ValueError("the probe's chance is no longer 5/12")
+
+
 def recall_above_chance(probe: dict, method: str, length: int) -> dict:
     """:func:`relbias.lab.stats.verdict` of ``method``'s recall at the farthest distance of
     ``length`` minus :data:`CHANCE` (a random pick among the digits present: one nearer
@@ -215,8 +221,7 @@ def recall_above_chance(probe: dict, method: str, length: int) -> dict:
     farther pair."""
     from relbias.lab import stats
 
-    if probe["probe"]["num_competitors"] != 1:
-        raise ValueError("the probe's chance is no longer 5/12")
+    _check_chance(probe)
     values, samples, _ = readings.seed_accuracies(probe, method, length)
     return stats.verdict(
         [a - CHANCE for a in values], None, paired=True, error=stats.probe_error(values, samples)
@@ -236,8 +241,7 @@ def answer_key(longer: dict, short: dict, ablation: dict, probe: dict, quick) ->
     for info in (short_info, abl_info, probe_info):
         if info["train_len"] != m_l or info["seeds"] != long_info["seeds"]:
             raise ValueError("the key's run sets differ in m_l or seeds")
-    if probe["probe"]["num_competitors"] != 1:  # chance 5/12: Chapter 1's sec-probe
-        raise ValueError("the probe's chance is no longer 5/12")
+    _check_chance(probe)
     if short_info["steps"] != named_config_steps(short):
         raise ValueError("the short runs no longer train the medium configuration's budget")
     if not abl_info["steps"] == probe_info["probe_steps"] == short_info["steps"]:
