@@ -253,7 +253,11 @@ def plot_cpd_scan(exponents, values, *, tolerance: float = 1e-9):
     ax.axvline(2.0, color="black", lw=0.6, ls=":")
     ax.set_xlabel("exponent r2 of the kernel -|i-j|^r2")
     ax.set_ylabel("min eig(P K P) / max |eig|")
-    ax.set_title("-|i-j|^r2 is conditionally positive definite exactly when r2 <= 2", fontsize=9)
+    ax.set_title(
+        "-|i-j|^r2 at the exponents scanned: CPD up to r2 = 2, not above\n"
+        "(Schoenberg: CPD exactly when r2 <= 2)",
+        fontsize=8,
+    )
     ax.legend(fontsize=9)
     return fig
 

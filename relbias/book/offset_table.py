@@ -16,6 +16,8 @@
 
 from __future__ import annotations
 
+from fractions import Fraction
+
 import torch
 from IPython.display import Markdown
 from IPython.display import display as _display
@@ -203,28 +205,16 @@ def named_config_steps(results: dict) -> int:
     return get_config(results["provenance"]["config"]["name"]).steps
 
 
-CHANCE = (1 / 2 + 1 / 3) / 2  # the probe's one nearer pair, and a farther one half the time
-CHANCE_TEXT = "5/12"
-
-
-def _check_chance(probe: dict) -> None:
-    """:data:`CHANCE` holds only for the probe with one competitor (Chapter 1's sec-probe)."""
-    if probe["probe"]["num_competitors"] != 1:
-        raise ValueError("the probe's chance is no longer 5/12")
-
-
 def recall_above_chance(probe: dict, method: str, length: int) -> dict:
     """:func:`relbias.lab.stats.verdict` of ``method``'s recall at the farthest distance of
-    ``length`` minus :data:`CHANCE` (a random pick among the digits present: one nearer
-    competing pair, and half the time a farther one), per seed, with the probe's own
-    binomial error. The stored file's ``guess_among_present`` (0.5) is the bound with no
-    farther pair."""
+    ``length`` minus the probe's chance (:func:`relbias.lab.readings.probe_chance`: a random
+    pick among the digits present), per seed, with the probe's own binomial error."""
     from relbias.lab import stats
 
-    _check_chance(probe)
+    chance = readings.probe_chance(probe)
     values, samples, _ = readings.seed_accuracies(probe, method, length)
     return stats.verdict(
-        [a - CHANCE for a in values], None, paired=True, error=stats.probe_error(values, samples)
+        [a - chance for a in values], None, paired=True, error=stats.probe_error(values, samples)
     )
 
 
@@ -241,7 +231,12 @@ def answer_key(longer: dict, short: dict, ablation: dict, probe: dict, quick) ->
     for info in (short_info, abl_info, probe_info):
         if info["train_len"] != m_l or info["seeds"] != long_info["seeds"]:
             raise ValueError("the key's run sets differ in m_l or seeds")
-    _check_chance(probe)
+    if probe["probe"]["num_competitors"] != 1:  # the key's words describe one competitor
+        raise ValueError(
+            "answer_key describes the probe with one competitor, got num_competitors="
+            f"{probe['probe']['num_competitors']}"
+        )
+    chance = Fraction(readings.probe_chance(probe)).limit_denominator(100)
     if short_info["steps"] != named_config_steps(short):
         raise ValueError("the short runs no longer train the medium configuration's budget")
     if not abl_info["steps"] == probe_info["probe_steps"] == short_info["steps"]:
@@ -275,7 +270,7 @@ def answer_key(longer: dict, short: dict, ablation: dict, probe: dict, quick) ->
         f"pair; tested in windows of {', '.join(str(n) for n in lengths[:-1])} and "
         f"{lengths[-1]:,} bytes, the digit almost a whole test window back (so in the longer "
         "two, farther back than any training window). Chance, a random pick among the digits "
-        f"present (two, or three half the time): {CHANCE_TEXT}.",
+        f"present (two, or three half the time): {chance}.",
         f"*Quick*: the live demo's configuration on a CPU: {quick.train_len}-byte windows, "
         f"{quick.steps:,} steps, one seed (on a GPU it runs the medium one).",
         "*Bits per byte*: the loss on held-out Python text, the mean over every byte of a "

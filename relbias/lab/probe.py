@@ -75,6 +75,22 @@ def _check_competitors(num_competitors) -> int:
     return num_competitors
 
 
+def chance_among_present(num_competitors: int) -> float:
+    """The competing probe's chance: the recall of "copy one of the digits present".
+
+    :func:`make_competing_batch` writes ``near`` nearer pairs, uniform in 1..k (0 when
+    ``num_competitors`` k is 0), and ``far`` farther ones, uniform in 0..k; a digit picked
+    at random among the ``1 + near + far`` present is the answer ``1 / (1 + near + far)``
+    of the time, so chance is the mean of that over the draws: 5/12 with one competitor
+    (1/2 and 1/3, each half the time). The result files' ``guess_among_present``,
+    ``1 / (k + 1)``, is its bound with no farther pair.
+    """
+    k = _check_competitors(num_competitors)
+    nears = range(1, k + 1) if k else (0,)
+    draws = [1 / (1 + near + far) for near in nears for far in range(k + 1)]
+    return sum(draws) / len(draws)
+
+
 def make_competing_batch(
     batch_size: int,
     seq_len: int,

@@ -48,6 +48,15 @@ def at_factor(results: dict, method: str, factor: int) -> dict:
     return {"mean": row["bpb"], "low": row["bpb_low"], "high": row["bpb_high"], "n": row["n"]}
 
 
+def probe_chance(results: dict) -> float:
+    """A stored probe's chance, a random pick among the digits present:
+    :func:`relbias.lab.probe.chance_among_present` of the file's ``num_competitors``
+    (5/12 for the stored competing probe)."""
+    from relbias.lab.probe import chance_among_present
+
+    return chance_among_present(results["probe"]["num_competitors"])
+
+
 def accuracy_at(results: dict, method: str, length: int, distance: int | None = None) -> dict:
     """Recall accuracy of ``method`` at one sequence ``length`` and ``distance`` (default:
     the farthest), mean and 95 % interval over seeds, the interval clipped to [0, 1]."""

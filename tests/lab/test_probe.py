@@ -8,6 +8,7 @@ from relbias.lab.evaluation import evaluate_retrieval
 from relbias.lab.probe import (
     KEYS,
     VALUES,
+    chance_among_present,
     make_competing_batch,
     make_probe_batch,
     make_recall_batch,
@@ -170,3 +171,24 @@ def test_recall_distractors_are_lone_digits():
         make_recall_batch(1, 10, 3, num_pairs=2, num_distractors=6, generator=torch.Generator())
     with pytest.raises(ValueError, match="num_distractors"):
         make_recall_batch(1, 10, 3, num_distractors=-1, generator=torch.Generator())
+
+
+@pytest.mark.parametrize("k", [1, 2, 3])
+def test_chance_among_present_is_the_generated_sequences_mean(k):
+    """Chance is the mean of 1 / (digits present) over what make_competing_batch writes."""
+    x, _ = _batch(seed=k, batch=4000, seq_len=64, k=k)
+    present = sum((x == v).sum(1) for v in VALUES).float()
+    empirical = float((1 / present).mean())
+    assert abs(chance_among_present(k) - empirical) < 0.01
+    assert chance_among_present(k) < 1 / (k + 1)  # guess_among_present: the bound
+
+
+def test_chance_among_present_with_one_competitor_is_five_twelfths():
+    assert chance_among_present(1) == pytest.approx(5 / 12)
+    assert chance_among_present(0) == 1.0  # the target's digit alone
+
+
+@pytest.mark.parametrize("bad", [-1, 5, 1.0, True, "1"])
+def test_chance_among_present_names_a_bad_count(bad):
+    with pytest.raises(ValueError, match="num_competitors must be an integer"):
+        chance_among_present(bad)
