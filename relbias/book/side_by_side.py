@@ -178,14 +178,14 @@ def context_rows(methods, kinds=TEXT_SWEEPS, *, digits: int = 3, sweep_for=None)
 
 #: One line per method: how it tells the model where a key is (the lesson's answer box).
 MECHANISM = {
-    "offset": "one learned value per offset and head; offsets past m_l − 1 read the last",
+    "offset": "one learned value per offset and head; offsets past m_l − 1 read the last one's",
     "t5": "one learned value per bucket of offsets; buckets widen with the distance",
     "alibi": "a fixed penalty per step of distance, one slope per head",
     "sandwich": "a fixed penalty: the inner product of two sinusoidal embeddings",
     "kerple_power": "a power-law penalty whose rate and exponent each head learns",
     "kerple_log": "a logarithmic penalty whose rate and scale each head learns",
-    "fire": "an MLP of ψ(offset) / ψ(max(L, i)): the log offset divided by the log of the "
-    "query position once it passes a learned threshold L (before that, by a constant)",
+    "fire": "an MLP of the log offset divided by the log of the query position, or of a "
+    "learned threshold L while the query position is below L",
     "nope": "no positions: only the causal mask",
     "sinusoidal": "a fixed sinusoidal vector, times one learned scale, added at each position",
     "learned": "a learned vector per position up to m_l; later positions reuse the last",

@@ -18,16 +18,19 @@ The competing task in detail:
 (an uppercase key and a digit, ``...X7...``) whose digit sits exactly ``distance`` tokens
 before the last position, and *competing* pairs written the same way (another uppercase
 key, another digit): between 1 and ``num_competitors`` of them strictly **nearer** the
-query, and 0 to ``num_competitors`` farther, so that the target's rank
-among the pairs says nothing. The last position repeats the target key; the target there
-is the target's digit.
+query, and 0 to ``num_competitors`` farther, so that with two or more competitors the
+target's rank among the pairs says nothing. With one (the stored medium probe's), exactly
+one pair sits nearer: the target is always the second pair from the end, and a rule that
+ignores the keys ("the digit of the second pair from the end") is always right. The last
+position repeats the target key; the target there is the target's digit.
 
-The answer is recoverable only from the far key: the target key appears once before the
-query, every competing key differs from it, and every competing digit differs from the
-answer, so "copy the nearest digit" or "copy a digit after an uppercase letter" is always
-wrong (accuracy 0), and "copy one of the digits present" is right 1 / (k + 1) of the time
-in a sequence with k competing pairs (from 1 / (num_competitors + 1) down to
-1 / (2 num_competitors + 1)). A model must match the query key to the far key (an
+With two or more competitors the answer is recoverable only from the far key: the target key
+appears once before the query, every competing key differs from it, and every competing
+digit differs from the answer, so "copy the nearest digit" or "copy a digit after an
+uppercase letter" is always wrong (accuracy 0), and "copy one of the digits present" is
+right 1 / (k + 1) of the time in a sequence with k competing pairs (from 1 /
+(num_competitors + 1) down to 1 / (2 num_competitors + 1); the mean over the draws:
+:func:`chance_among_present`). A model must match the query key to the far key (an
 induction-like circuit) and then reach past nearer keys of the same kind: exactly what a
 steep distance penalty makes hard, and what a bias that stops decaying (NoPE, T5's last
 bucket) does not.
