@@ -270,8 +270,9 @@ def answer_key(longer: dict, short: dict, ablation: dict, probe: dict, quick) ->
         f"pair; tested in windows of {', '.join(str(n) for n in lengths[:-1])} and "
         f"{lengths[-1]:,} bytes, the digit almost a whole test window back (so in the longer "
         "two, farther back than any training window). Chance, a random pick among the digits "
-        f"present (two, or three half the time): {chance}. Above it is not key matching: the "
-        "target is always the second pair from the end.",
+        f"present (two, or three half the time): {chance}. Scoring above it does not show key "
+        "matching: a rule that ignores the keys (the target is always the second pair from "
+        "the end) is always right.",
         f"*Quick*: the live demo's configuration on a CPU: {quick.train_len}-byte windows, "
         f"{quick.steps:,} steps, one seed (on a GPU it runs the medium one).",
         "*Bits per byte*: the loss on held-out Python text, the mean over every byte of a "
