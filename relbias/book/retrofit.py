@@ -112,7 +112,7 @@ def _curve_words(curve: dict, bits: dict | None = None) -> str:
                 rise = min(later) if later else min(c["start"] for c in back)
                 where = "it" if rise == turn else f"{rise} tokens"
                 return f"improves to {turn} tokens, rises past {where} (the rise: at the edge)"
-            return f"degrades{_rise_start(changes)}, after a fall (the fall: at the edge)"
+            return f"degrades{_rise_start(changes)}, after a dip at the edge"
     if answer == "degrades" and bits:
         return f"degrades{_rise_start(curve['changes'])}"
     return answer

@@ -243,7 +243,13 @@ def answer_rows(longer: dict, probe: dict, methods, *, labels: dict, sweep_for=N
                 _link(recall, labels["recall"]),
             ]
         )
-    headers = ["method", "how it places a key", "whole curve", "far bytes help?", "far recall"]
+    headers = [
+        "method",
+        "how it places a key",
+        "whole curve",
+        "far bytes help? (3,000 steps)",
+        "far recall (farthest answer)",
+    ]
     return rows, headers
 
 

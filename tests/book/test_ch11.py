@@ -145,6 +145,20 @@ def test_a_curves_fall_is_stated_only_as_far_as_the_verdicts_show_it(rows):
     table, _ = rf.curve_table(rows, "zero_shot")
     words = {line[0]: line[-1] for line in table}
     assert words[rf.LABELS["yarn+alibi"]].startswith("improves to 256 tokens")
+    # a degrading curve whose first fall is only at the edge: a dip, not a shown fall
+    dipping = {
+        "answer": "degrades",
+        "changes": [
+            _change(128, 256, "at the edge", -0.02),
+            _change(128, 512, "cannot be told apart", 0.01),
+            _change(256, 512, "cannot be told apart", 0.03),
+            _change(512, 1024, "higher", 0.1),
+            _change(128, 1024, "higher", 0.08),
+            _change(256, 1024, "higher", 0.1),
+        ],
+    }
+    said = rf._curve_words(dipping, {128: [2.0], 256: [1.98], 512: [2.01], 1024: [2.1]})
+    assert said.endswith(", after a dip at the edge") and "fall" not in said
 
 
 def test_a_rise_is_stated_past_the_length_before_the_first_one_shown_higher(rows):
