@@ -13,7 +13,8 @@ at any offset, also past the read-back (the probe's far targets):
   seed rebuild the untrained model), for "which exponents training moved";
 - :func:`readback_reach`: the first offset of the read-back where a head's penalty reaches a
   threshold (5: a key's weight cut by :math:`e^5`), or None; :func:`formula_reach`: the same
-  from ``(r1, r2)`` by the head's formula, at any offset (the heads at their start);
+  from ``(r1, r2)`` by the head's formula, at any offset (the heads at their start), and
+  :func:`reach_moves`: whether each trained head reaches farther or nearer than at its start;
 - :func:`plot_penalties`: the trained heads' penalties against the offset, the probe's far
   targets marked (the mechanism of the recall finding, made visible);
 - :func:`show_difference`: a paired difference's ``mean [low, high]``, a number that would
@@ -38,6 +39,7 @@ __all__ = [
     "penalty_table",
     "provenance_rows",
     "plot_penalties",
+    "reach_moves",
     "readback_reach",
     "stored_heads",
 ]
@@ -168,6 +170,21 @@ def formula_reach(r1, r2, form: str, threshold: float = 5.0) -> list[int]:
                     o += 1
         reach.append(o)
     return reach
+
+
+def reach_moves(results: dict, method: str, threshold: float = 5.0) -> list[int]:
+    """Per head of every seed of a stored sweep (seeds in the sweep's order, heads in
+    order): +1 where the trained head reaches ``threshold`` farther than at its start, -1
+    nearer, 0 at the same offset, both by the head's formula (:func:`formula_reach`, from
+    :func:`stored_heads` and :func:`initial_parameters`)."""
+    form = FORMS[method]
+    start = initial_parameters(results, method)
+    moves = []
+    for seed, trained in stored_heads(results, method).items():
+        after = formula_reach(*trained, form, threshold)
+        before = formula_reach(*start[seed], form, threshold)
+        moves += [(a > b) - (a < b) for a, b in zip(after, before, strict=True)]
+    return moves
 
 
 def plot_penalties(

@@ -9,7 +9,8 @@ the book's text at a short length, with far-recall items in its training mix.
 - :func:`base_config`: the Llama of the retrofit study (RoPE, ``max_position_embeddings``
   the training length, so that HF's dynamic NTK and YaRN read it as the original length);
 - :class:`MixedWindows`: training windows of the tokenized text, a share of them carrying
-  probe items (:func:`relbias.hf.recall.training_sequence`) at distances up to the window;
+  probe items (:func:`relbias.hf.recall.training_sequence`) at distances up to the window,
+  and a share (none by default) whose second half repeats the first (copy windows);
 - :func:`pretrain`: HF's Trainer over them, then ``save_pretrained`` of model and tokenizer.
 """
 
@@ -111,10 +112,16 @@ def base_config(vocab_size: int, train_len: int):
 class MixedWindows(torch.utils.data.Dataset):
     """``count`` training windows of ``seq_len`` tokens of ``ids`` (random starts, seeded per
     index); a share ``probe_share`` of them carry ``items`` probe items at distances up to
-    the window (:func:`relbias.hf.recall.training_sequence`). Examples are made on demand,
-    the same for the same ``seed`` and index."""
+    the window (:func:`relbias.hf.recall.training_sequence`: windows ``0, k, 2k, ..`` for
+    ``k = round(1 / probe_share)``). A share ``copy_share`` are copy windows: their second
+    half repeats their first, token for token, what a model learns to copy from its context
+    on (windows ``k // 2, k // 2 + k, ..`` for ``k = round(1 / copy_share)``; probe items
+    written after, where both fall on one window). Examples are made on demand, the same for
+    the same ``seed`` and index."""
 
-    def __init__(self, ids, vocab, *, count, seq_len, seed, probe_share=0.25, items=4):
+    def __init__(
+        self, ids, vocab, *, count, seq_len, seed, probe_share=0.25, items=4, copy_share=0.0
+    ):
         self.ids, self.vocab = ids, vocab
         self.count = check_int("count", count, minimum=1)
         self.seq_len = check_int("seq_len", seq_len, minimum=8)
@@ -122,6 +129,9 @@ class MixedWindows(torch.utils.data.Dataset):
         if not 0 <= probe_share <= 1:
             raise ValueError(f"probe_share must lie in [0, 1], got {probe_share}")
         self.probe_every = round(1 / probe_share) if probe_share else 0
+        if not 0 <= copy_share <= 1:
+            raise ValueError(f"copy_share must lie in [0, 1], got {copy_share}")
+        self.copy_every = round(1 / copy_share) if copy_share else 0
         self.items = check_int("items", items, minimum=0)
         if ids.numel() <= seq_len:
             raise ValueError(f"ids ({ids.numel()} tokens) must be longer than seq_len ({seq_len})")
@@ -135,6 +145,10 @@ class MixedWindows(torch.utils.data.Dataset):
         gen = torch.Generator().manual_seed(self.seed * 1_000_003 + i)
         start = int(torch.randint(self.ids.numel() - self.seq_len, (1,), generator=gen))
         x = self.ids[start : start + self.seq_len]
+        if self.copy_every and i % self.copy_every == self.copy_every // 2:
+            half = self.seq_len // 2
+            x = x.clone()
+            x[half : 2 * half] = x[:half]
         if self.probe_every and i % self.probe_every == 0:
             x = training_sequence(self.vocab, x, items=self.items, generator=gen)
         return {"input_ids": x, "labels": x}

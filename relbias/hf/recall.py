@@ -22,9 +22,12 @@ Everything else in a sequence is real text (``filler``: the token ids of held-ou
 the model reads the task inside text of the kind it was trained on.
 
 :func:`probe_accuracy` scores a model: the digit with the highest logit among the ten, at the
-query's last position, is its answer. :func:`training_sequence` writes the same items, several
-per sequence, into training text (a base model is trained on them within its training
-length, so that recall past it can be read after a retrofit).
+query's last position, is its answer. :func:`repeat_loss` asks the question under both
+probes: does the model copy from its context at all (a span of text read a second time, right
+after the first, reads far better where it does: what an induction head does).
+:func:`training_sequence` writes the same items, several per sequence, into training text
+(a base model is trained on them within its training length, so that recall past it can be
+read after a retrofit).
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ __all__ = [
     "ProbeVocabulary",
     "probe_accuracy",
     "probe_batch",
+    "repeat_loss",
     "training_sequence",
 ]
 
@@ -309,6 +313,46 @@ def probe_accuracy(
         if was_training:
             model.train()
     return rows
+
+
+@torch.no_grad()
+def repeat_loss(
+    model, filler: torch.Tensor, *, span: int = 64, count: int = 16, seed: int = 1234
+) -> dict:
+    """Whether ``model`` copies from its context: ``count`` spans of ``span`` token ids of
+    ``filler`` (random starts, seeded), each written twice in a row, read once. Returns the
+    mean loss in nats per token on the first copy (``first``: its tokens after the first,
+    each predicted from the tokens before it) and on the second (``second``: its tokens
+    after the first, each of which also stood ``span`` tokens back), per sequence too
+    (``first_by_sequence``, ``second_by_sequence``), ``span`` and ``count``. A model that
+    copies reads the second copy far better; one that does not, about as the first.
+    ``model``: a transformers causal LM, or a callable ``ids -> logits``."""
+    from relbias.hf.evaluation import _forward_of
+
+    span = check_int("span", span, minimum=2)
+    count = check_int("count", count, minimum=1)
+    forward = _forward_of(model)
+    was_training = isinstance(model, torch.nn.Module) and model.training
+    if isinstance(model, torch.nn.Module):
+        model.eval()
+    gen = torch.Generator().manual_seed(seed)
+    spans = torch.stack([_filler(filler, span, gen) for _ in range(count)])
+    ids = torch.cat([spans, spans], dim=1)
+    try:
+        logits = forward(ids).float().cpu()
+    finally:
+        if was_training:
+            model.train()
+    nll = -torch.log_softmax(logits[:, :-1], dim=-1).gather(-1, ids[:, 1:, None])[..., 0]
+    first, second = nll[:, : span - 1].mean(1), nll[:, span:].mean(1)  # targets 1.., span+1..
+    return {
+        "first": float(first.mean()),
+        "second": float(second.mean()),
+        "first_by_sequence": first.tolist(),
+        "second_by_sequence": second.tolist(),
+        "span": span,
+        "count": count,
+    }
 
 
 def _device_of(model) -> torch.device:

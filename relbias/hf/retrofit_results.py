@@ -7,7 +7,11 @@ verdict function (:func:`relbias.lab.stats.verdict`), paired on the base's seed.
   reading of the decision table: the cost at ``m_l`` against the base, the whole curve to
   ``16 m_l``, the loss at ``16 m_l`` against the control, the context-use measure, far recall
   and far "latest" precision against chance, parameters added, the fine-tune steps to
-  return to the base's loss at ``m_l`` and how far above it the fine-tune ends.
+  return to the base's loss at ``m_l`` and how far above it the fine-tune ends;
+- :func:`context_comparisons`: every stored context-use comparison past ``m_l`` and the
+  ones that read "lower";
+- :func:`cause_tests`: the stored one-seed tests of a cause of the bases' missing recall
+  (:data:`CAUSE_TESTS`), each checked to change only its own settings.
 
 Errors: the text's own sampling error from the bits per span (:func:`relbias.lab.stats.
 text_error`), the probe's from its sample count (:func:`relbias.lab.stats.probe_error`).
@@ -22,9 +26,13 @@ from pathlib import Path
 from relbias.lab.stats import curve_verdict, probe_error, text_error, verdict
 
 __all__ = [
+    "CAUSE_TESTS",
     "RECALL_CHANCE",
     "LATEST_CHANCE",
+    "cause_tests",
+    "context_comparisons",
     "context_use_verdict",
+    "recall_within",
     "span_means",
     "load_runs",
     "option_rows",
@@ -171,3 +179,76 @@ def option_rows(runs: dict) -> list[dict]:
                 row["final_gap"] = verdict([final_gap(r, b) for r, b in zip(records, base_bpb)])
             rows.append(row)
     return rows
+
+
+def context_comparisons(runs: dict) -> dict:
+    """Every context-use verdict the stored runs hold below the longest length: each option,
+    both stages, at 2, 4 and 8 ``m_l`` (:func:`context_use_verdict`). Returns ``compared``
+    (how many) and ``lower`` (``(option, stage, length)`` of each that reads "lower": the
+    far tokens read better with them in view)."""
+    study = runs[("base", seeds_of(runs, "base")[0])]["study"]
+    m_l, spans = study["train_len"], study["spans"]
+    compared, lower = 0, []
+    for option in sorted({o for o, _ in runs if o != "base"}):
+        for stage in STAGES:
+            for n in (2 * m_l, 4 * m_l, 8 * m_l):
+                uses = [
+                    _at(reading(runs, option, k, stage), n)["context_use"]
+                    for k in seeds_of(runs, option)
+                ]
+                compared += 1
+                if context_use_verdict(uses, spans)["answer"] == "lower":
+                    lower.append((option, stage, n))
+    return {"compared": compared, "lower": lower}
+
+
+#: The stored tests of one cause of the bases' missing recall, in the order they were made
+#: (``relbias/hf/results/README.md``): each folder beside the study's holds one base (seed 0)
+#: pretrained and read as the study's, one or two settings changed.
+CAUSE_TESTS = (
+    "retrofit_repeat_query",
+    "retrofit_probe_share",
+    "retrofit_probe_keys",
+    "retrofit_base_steps",
+)
+
+
+def recall_within(record: dict) -> tuple[int, int]:
+    """A base's correct answers on the recall probe within its training length, and how
+    many it was asked (``record``: a stored base's run)."""
+    m_l = record["study"]["train_len"]
+    items = [x for x in record["reading"]["recall"] if x["distance"] < m_l]
+    return round(sum(x["accuracy"] * x["samples"] for x in items)), sum(x["samples"] for x in items)
+
+
+def cause_tests(study: dict, results=None) -> list[dict]:
+    """Each stored cause test (:data:`CAUSE_TESTS`, in ``results``: default the folder that
+    holds the study's): ``folder``, ``changed`` (``{setting: (the study's value, the
+    test's)}``), its recall within ``m_l`` (``got``, ``asked``: :func:`recall_within`), its
+    loss at ``m_l`` (``bpb``) and the record. Raises ValueError where a test's base is not
+    seed 0 or changes no setting of ``study``."""
+    from relbias.hf.retrofit_study import FOLDER
+
+    results = Path(results) if results is not None else FOLDER.parent
+    defaults = {"probe_query": "question", "copy_share": 0.0}  # keys the stored study predates
+    same = {**defaults, **study}
+    tests = []
+    for folder in CAUSE_TESTS:
+        record = json.loads((results / folder / "runs" / "base_seed0.json").read_text())
+        test = {**defaults, **record["study"]}
+        changed = {k: (same.get(k), test.get(k)) for k in same.keys() | test.keys()}
+        changed = {k: v for k, v in changed.items() if v[0] != v[1]}
+        if record["seed"] != 0 or not changed:
+            raise ValueError(f"{folder}: a cause test is seed 0 with a setting changed")
+        got, asked = recall_within(record)
+        tests.append(
+            {
+                "folder": folder,
+                "changed": changed,
+                "got": got,
+                "asked": asked,
+                "bpb": _at(record["reading"], record["study"]["train_len"])["bits"],
+                "record": record,
+            }
+        )
+    return tests

@@ -9,7 +9,8 @@ Two stages, each resumable (a finished piece is a file, skipped when present)::
 ``base``: the tokenizer (once; byte-level BPE on the training split), then per seed a Llama
 with RoPE (:func:`relbias.hf.pretrain.base_config`) trained on text windows of ``m_l``
 tokens with probe items in a quarter of them, saved with ``save_pretrained`` (model and
-tokenizer) in ``base_seed<k>/``, and its reading in ``runs/base_seed<k>.json``.
+tokenizer) in ``base_seed<k>/``, and its reading in ``runs/base_seed<k>.json`` (with
+``repeat``: whether it copies from its context, :func:`relbias.hf.recall.repeat_loss`).
 ``retrofit``: per seed and option (:data:`relbias.hf.retrofit.OPTIONS`), the option loaded
 on the base, read zero-shot, fine-tuned at ``4 m_l`` on the same windows for every option
 (its loss at ``m_l`` read every few steps: the recovery curve), read again; one file
@@ -45,6 +46,7 @@ STUDY = dict(
     base_lr=3e-3,
     probe_share=0.25,
     probe_items=4,
+    copy_share=0.0,
     factor=4.0,
     fine_tune_len=512,
     fine_tune_steps=100,
@@ -163,6 +165,7 @@ def run_base(seed: int, data: Data, study: dict, folder: Path) -> Path:
         seed=seed,
         probe_share=study["probe_share"],
         items=study["probe_items"],
+        copy_share=study.get("copy_share", 0.0),  # the stored study predates the key
     )
     with tempfile.TemporaryDirectory() as tmp:
         losses = pretrain(
@@ -187,6 +190,9 @@ def run_base(seed: int, data: Data, study: dict, folder: Path) -> Path:
     from relbias.hf.retrofit import held_out_bpb
 
     record["held_out_bpb"] = held_out_bpb(model, data.held_out, data.sizes)
+    from relbias.hf.recall import repeat_loss
+
+    record["repeat"] = repeat_loss(model, data.val, span=64, count=16)  # does it copy?
     record["provenance"] = _provenance(time.time() - start)
     _write(out, record)
     return out
@@ -214,6 +220,7 @@ def retrofit_record(base_dir, option: str, seed: int, data: Data, study: dict) -
         seed=1000 + seed,  # the same windows for every option of this seed
         probe_share=study["probe_share"],
         items=study["probe_items"],
+        copy_share=study.get("copy_share", 0.0),
     )
     torch.manual_seed(seed)
     with tempfile.TemporaryDirectory() as tmp:

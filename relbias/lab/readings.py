@@ -14,6 +14,7 @@ length, its training curves, and its comparisons handed to the one verdict funct
 
 from __future__ import annotations
 
+from relbias.lab.probe import chance_among_present
 from relbias.lab.stats import (
     curve_verdict,
     interval,
@@ -52,8 +53,6 @@ def probe_chance(results: dict) -> float:
     """A stored probe's chance, a random pick among the digits present:
     :func:`relbias.lab.probe.chance_among_present` of the file's ``num_competitors``
     (5/12 for the stored competing probe)."""
-    from relbias.lab.probe import chance_among_present
-
     return chance_among_present(results["probe"]["num_competitors"])
 
 

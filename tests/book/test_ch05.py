@@ -77,6 +77,17 @@ def test_formula_reach_is_the_first_offset_at_the_threshold():
         kh.formula_reach([0.1], [1.0], "cubic")
 
 
+def test_reach_moves_compare_each_trained_head_with_its_start(monkeypatch):
+    """+1 farther, -1 nearer, 0 the same offset: each head against its own start."""
+    from relbias.book import kerple_heads as kh
+
+    start = {"0": (torch.tensor([0.5, 0.5, 0.5]), torch.tensor([1.0, 1.0, 1.0]))}
+    trained = {"0": (torch.tensor([0.25, 1.0, 0.5]), torch.tensor([1.0, 1.0, 1.0]))}
+    monkeypatch.setattr(kh, "initial_parameters", lambda results, method: start)
+    monkeypatch.setattr(kh, "stored_heads", lambda results, method: trained)
+    assert kh.reach_moves({}, "kerple_power") == [1, -1, 0]  # reach 20, 5, 10 against 10
+
+
 def test_stored_heads_refuses_a_read_back_of_another_form():
     from relbias.book import kerple_heads as kh
 

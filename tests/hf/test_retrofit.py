@@ -4,6 +4,8 @@ and its reader."""
 
 from __future__ import annotations
 
+import json
+import math
 import re
 
 import pytest
@@ -23,13 +25,18 @@ from relbias.hf.recall import (  # noqa: E402
     ProbeVocabulary,
     probe_accuracy,
     probe_batch,
+    repeat_loss,
     training_sequence,
 )
 from relbias.hf.retrofit import OPTIONS, fine_tune, load_option, params_added  # noqa: E402
 from relbias.hf.retrofit_results import (  # noqa: E402
+    CAUSE_TESTS,
+    cause_tests,
+    context_comparisons,
     context_use_verdict,
     load_runs,
     option_rows,
+    recall_within,
     recovery_steps,
     span_means,
 )
@@ -163,6 +170,29 @@ def test_probe_accuracy_of_an_oracle_and_of_a_constant_model(vocab):
     assert 0.03 < rows[0]["accuracy"] < 0.2  # the share of answers that are 3
 
 
+def test_repeat_loss_tells_a_copying_model_from_one_that_does_not_copy():
+    filler = char_filler(4000)
+    span = 24
+
+    def copier(ids):  # each token predicts the one that followed it a span earlier
+        out = torch.zeros(ids.shape[0], ids.shape[1], 128)
+        out[:, span - 1 :].scatter_(-1, ids[:, : ids.shape[1] - span + 1, None], 30.0)
+        return out
+
+    def uniform(ids):
+        return torch.zeros(ids.shape[0], ids.shape[1], 128)
+
+    got = repeat_loss(copier, filler, span=span, count=5)
+    assert got["second"] < 1e-6 and got["first"] == pytest.approx(math.log(128))
+    assert len(got["second_by_sequence"]) == 5 and (got["span"], got["count"]) == (span, 5)
+    flat = repeat_loss(uniform, filler, span=span, count=5)
+    assert flat["first"] == pytest.approx(flat["second"]) == pytest.approx(math.log(128))
+    with pytest.raises(ValueError, match="span"):
+        repeat_loss(uniform, filler, span=1)
+    with pytest.raises(ValueError, match="filler"):
+        repeat_loss(uniform, char_filler(10), span=span)
+
+
 # --- the tokenizer and the base's windows ------------------------------------------------
 
 TEXT = "def add(a, b):\n    return a + b\n\n# caf\u00e9 \u2014 notes\n" * 200
@@ -203,6 +233,23 @@ def test_mixed_windows_are_reproducible_and_carry_items(vocab):
         assert has_items == (i % 2 == 0)
     with pytest.raises(ValueError, match="probe_share"):
         MixedWindows(ids, vocab, count=8, seq_len=128, seed=3, probe_share=2)
+
+
+def test_copy_windows_repeat_their_first_half_and_keep_the_probe_windows(vocab):
+    ids = char_filler(3000)
+    plain = MixedWindows(ids, vocab, count=8, seq_len=128, seed=3, probe_share=0.25)
+    mixed = MixedWindows(
+        ids, vocab, count=8, seq_len=128, seed=3, probe_share=0.25, copy_share=0.25
+    )
+    for i in range(8):
+        x, y = mixed[i]["input_ids"], plain[i]["input_ids"]
+        if i % 4 == 2:  # a quarter: windows 2 and 6, none of them a probe window
+            assert torch.equal(x[64:], x[:64]) and torch.equal(x[:64], y[:64])
+            assert not torch.equal(x, y) and "?" not in text_of(x)
+        else:
+            assert torch.equal(x, y)
+    with pytest.raises(ValueError, match="copy_share"):
+        MixedWindows(ids, vocab, count=8, seq_len=128, seed=3, copy_share=-0.1)
 
 
 # --- the options on a saved checkpoint ---------------------------------------------------
@@ -398,3 +445,55 @@ def test_context_use_error_is_taken_over_spans_not_windows():
     ]
     got = context_use_verdict(uses, 2)
     assert got["error"] == pytest.approx(2.0)  # stdev of (2.1, 6.1) over sqrt(2)
+
+
+def _base_record(study, seed=0, accuracies=(0.5, 0.25, 0.0)):
+    recall = [
+        {"distance": d, "accuracy": a, "samples": 8}
+        for d, a in zip((4, 12, study["train_len"] + 4), accuracies)
+    ]
+    by_length = {"by_length": [{"length": study["train_len"], "bits": 1.5}]}
+    return {"seed": seed, "study": study, "reading": {"recall": recall, "by_length": by_length}}
+
+
+def test_recall_within_counts_the_answers_inside_the_training_length():
+    study = {"train_len": 16}
+    assert recall_within(_base_record(study)) == (6, 16)  # 4 + 2 right of 8 + 8; 20 is past m_l
+
+
+def test_cause_tests_name_what_each_changed_and_refuse_a_test_that_changed_nothing(tmp_path):
+    study = {"train_len": 16, "probe_share": 0.25, "probe_keys": 64}  # no probe_query: stored
+    changes = [
+        {"probe_query": "repeat"},
+        {"probe_share": 1.0},
+        {"probe_keys": 8},
+        {"base_steps": 9},
+    ]
+    for folder, change in zip(CAUSE_TESTS, changes):
+        record = _base_record({**study, **change})
+        (tmp_path / folder / "runs").mkdir(parents=True)
+        (tmp_path / folder / "runs" / "base_seed0.json").write_text(json.dumps(record))
+    tests = cause_tests(study, tmp_path)
+    assert [t["folder"] for t in tests] == list(CAUSE_TESTS)
+    assert tests[0]["changed"] == {"probe_query": ("question", "repeat")}
+    assert tests[1]["changed"] == {"probe_share": (0.25, 1.0)}
+    assert tests[3]["changed"] == {"base_steps": (None, 9)}
+    assert (tests[2]["got"], tests[2]["asked"], tests[2]["bpb"]) == (6, 16, 1.5)
+    same = tmp_path / CAUSE_TESTS[1] / "runs" / "base_seed0.json"
+    same.write_text(json.dumps(_base_record(study)))
+    with pytest.raises(ValueError, match="retrofit_probe_share"):
+        cause_tests(study, tmp_path)
+
+
+def test_the_stored_context_comparisons_cover_every_option_stage_and_length():
+    runs = load_runs()
+    options = {o for o, _ in runs if o != "base"}
+    got = context_comparisons(runs)
+    assert got["compared"] == len(options) * 2 * 3
+    m_l = runs[("base", 0)]["study"]["train_len"]
+    for option, stage, n in got["lower"]:
+        assert (
+            option in options
+            and stage in ("zero_shot", "fine_tuned")
+            and n in (2 * m_l, 4 * m_l, 8 * m_l)
+        )
