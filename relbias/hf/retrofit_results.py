@@ -210,6 +210,7 @@ CAUSE_TESTS = (
     "retrofit_probe_share",
     "retrofit_probe_keys",
     "retrofit_base_steps",
+    "retrofit_copy_windows",
 )
 
 

@@ -468,8 +468,9 @@ def test_cause_tests_name_what_each_changed_and_refuse_a_test_that_changed_nothi
         {"probe_share": 1.0},
         {"probe_keys": 8},
         {"base_steps": 9},
+        {"copy_share": 0.25},
     ]
-    for folder, change in zip(CAUSE_TESTS, changes):
+    for folder, change in zip(CAUSE_TESTS, changes, strict=True):
         record = _base_record({**study, **change})
         (tmp_path / folder / "runs").mkdir(parents=True)
         (tmp_path / folder / "runs" / "base_seed0.json").write_text(json.dumps(record))
@@ -478,6 +479,7 @@ def test_cause_tests_name_what_each_changed_and_refuse_a_test_that_changed_nothi
     assert tests[0]["changed"] == {"probe_query": ("question", "repeat")}
     assert tests[1]["changed"] == {"probe_share": (0.25, 1.0)}
     assert tests[3]["changed"] == {"base_steps": (None, 9)}
+    assert tests[4]["changed"] == {"copy_share": (0.0, 0.25)}  # absent from the stored study
     assert (tests[2]["got"], tests[2]["asked"], tests[2]["bpb"]) == (6, 16, 1.5)
     same = tmp_path / CAUSE_TESTS[1] / "runs" / "base_seed0.json"
     same.write_text(json.dumps(_base_record(study)))
