@@ -211,6 +211,7 @@ CAUSE_TESTS = (
     "retrofit_probe_keys",
     "retrofit_base_steps",
     "retrofit_copy_windows",
+    "retrofit_copy_repeat",
 )
 
 

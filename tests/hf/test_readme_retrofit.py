@@ -27,6 +27,9 @@ def test_readme_retrofit_path_runs(tmp_path, monkeypatch, capsys):
     namespace: dict = {}
     exec(compile(code, "README.md", "exec"), namespace)
     assert namespace["model"].config.rope_parameters["rope_type"] == "yarn"
-    bits, acc = eval(capsys.readouterr().out.strip().splitlines()[-1].replace("] [", "], ["))
+    *_, readings, copies = capsys.readouterr().out.strip().splitlines()
+    bits, acc = eval(readings.replace("] [", "], ["))
     assert len(bits) == 3 and all(0 < b < 10 for b in bits)
     assert len(acc) == 2 and all(0 <= a <= 1 for a in acc)
+    first, second = map(float, copies.split())
+    assert 0 < first < 10 and 0 < second < 10  # nats per token on each copy

@@ -469,6 +469,7 @@ def test_cause_tests_name_what_each_changed_and_refuse_a_test_that_changed_nothi
         {"probe_keys": 8},
         {"base_steps": 9},
         {"copy_share": 0.25},
+        {"copy_share": 0.25, "probe_query": "repeat"},
     ]
     for folder, change in zip(CAUSE_TESTS, changes, strict=True):
         record = _base_record({**study, **change})
@@ -480,6 +481,7 @@ def test_cause_tests_name_what_each_changed_and_refuse_a_test_that_changed_nothi
     assert tests[1]["changed"] == {"probe_share": (0.25, 1.0)}
     assert tests[3]["changed"] == {"base_steps": (None, 9)}
     assert tests[4]["changed"] == {"copy_share": (0.0, 0.25)}  # absent from the stored study
+    assert tests[5]["changed"] == {"copy_share": (0.0, 0.25), "probe_query": ("question", "repeat")}
     assert (tests[2]["got"], tests[2]["asked"], tests[2]["bpb"]) == (6, 16, 1.5)
     same = tmp_path / CAUSE_TESTS[1] / "runs" / "base_seed0.json"
     same.write_text(json.dumps(_base_record(study)))
