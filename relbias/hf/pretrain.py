@@ -10,7 +10,8 @@ the book's text at a short length, with far-recall items in its training mix.
   the training length, so that HF's dynamic NTK and YaRN read it as the original length);
 - :class:`MixedWindows`: training windows of the tokenized text, a share of them carrying
   probe items (:func:`relbias.hf.recall.training_sequence`) at distances up to the window,
-  and a share (none by default) whose second half repeats the first (copy windows);
+  and a share (none by default) with a span of the window written again later in it, at a
+  random distance (copy windows, :func:`copy_span`);
 - :func:`pretrain`: HF's Trainer over them, then ``save_pretrained`` of model and tokenizer.
 """
 
@@ -24,6 +25,7 @@ __all__ = [
     "BASE_SHAPE",
     "MixedWindows",
     "base_config",
+    "copy_span",
     "encode_text",
     "pretrain",
     "token_bytes",
@@ -113,11 +115,11 @@ class MixedWindows(torch.utils.data.Dataset):
     """``count`` training windows of ``seq_len`` tokens of ``ids`` (random starts, seeded per
     index); a share ``probe_share`` of them carry ``items`` probe items at distances up to
     the window (:func:`relbias.hf.recall.training_sequence`: windows ``0, k, 2k, ..`` for
-    ``k = round(1 / probe_share)``). A share ``copy_share`` are copy windows: their second
-    half repeats their first, token for token, what a model learns to copy from its context
-    on (windows ``k // 2, k // 2 + k, ..`` for ``k = round(1 / copy_share)``; probe items
-    written after, where both fall on one window). Examples are made on demand, the same for
-    the same ``seed`` and index."""
+    ``k = round(1 / probe_share)``). A share ``copy_share`` are copy windows
+    (:func:`copy_span`: a span of the window written again later in it, at a random
+    distance), what a model learns to copy from its context on (windows ``k // 2, k // 2 +
+    k, ..`` for ``k = round(1 / copy_share)``; probe items written after, where both fall on
+    one window). Examples are made on demand, the same for the same ``seed`` and index."""
 
     def __init__(
         self, ids, vocab, *, count, seq_len, seed, probe_share=0.25, items=4, copy_share=0.0
@@ -146,12 +148,27 @@ class MixedWindows(torch.utils.data.Dataset):
         start = int(torch.randint(self.ids.numel() - self.seq_len, (1,), generator=gen))
         x = self.ids[start : start + self.seq_len]
         if self.copy_every and i % self.copy_every == self.copy_every // 2:
-            half = self.seq_len // 2
-            x = x.clone()
-            x[half : 2 * half] = x[:half]
+            x = copy_span(x, gen)[0]
         if self.probe_every and i % self.probe_every == 0:
             x = training_sequence(self.vocab, x, items=self.items, generator=gen)
         return {"input_ids": x, "labels": x}
+
+
+def copy_span(x: torch.Tensor, generator: torch.Generator):
+    """``x`` (a 1-D window, copied) with a span of it written again later in it: the span's
+    length uniform from 4 to half the window, where it is written again uniform among the
+    places after it, so that the distance back to the first copy varies from window to window
+    (a copy at one fixed distance is learnt by position, not by content). Returns ``(window,
+    source, destination, length)``."""
+    n = x.numel()
+    if n < 8:
+        raise ValueError(f"a copy window needs at least 8 tokens, got {n}")
+    length = int(torch.randint(4, n // 2 + 1, (1,), generator=generator))
+    dest = int(torch.randint(length, n - length + 1, (1,), generator=generator))
+    source = int(torch.randint(0, dest - length + 1, (1,), generator=generator))
+    out = x.clone()
+    out[dest : dest + length] = x[source : source + length]
+    return out, source, dest, length
 
 
 def pretrain(

@@ -192,7 +192,8 @@ def run_base(seed: int, data: Data, study: dict, folder: Path) -> Path:
     record["held_out_bpb"] = held_out_bpb(model, data.held_out, data.sizes)
     from relbias.hf.recall import repeat_loss
 
-    record["repeat"] = repeat_loss(model, data.val, span=64, count=16)  # does it copy?
+    # does it copy from its context, at several distances back?
+    record["repeat"] = [repeat_loss(model, data.val, span=n, count=16) for n in (8, 16, 64)]
     record["provenance"] = _provenance(time.time() - start)
     _write(out, record)
     return out

@@ -17,6 +17,7 @@ from relbias.hf import retrofit_study  # noqa: E402
 from relbias.hf.pretrain import (  # noqa: E402
     MixedWindows,
     base_config,
+    copy_span,
     encode_text,
     token_bytes,
     train_tokenizer,
@@ -235,7 +236,7 @@ def test_mixed_windows_are_reproducible_and_carry_items(vocab):
         MixedWindows(ids, vocab, count=8, seq_len=128, seed=3, probe_share=2)
 
 
-def test_copy_windows_repeat_their_first_half_and_keep_the_probe_windows(vocab):
+def test_copy_windows_write_a_span_again_and_keep_the_probe_windows(vocab):
     ids = char_filler(3000)
     plain = MixedWindows(ids, vocab, count=8, seq_len=128, seed=3, probe_share=0.25)
     mixed = MixedWindows(
@@ -244,12 +245,28 @@ def test_copy_windows_repeat_their_first_half_and_keep_the_probe_windows(vocab):
     for i in range(8):
         x, y = mixed[i]["input_ids"], plain[i]["input_ids"]
         if i % 4 == 2:  # a quarter: windows 2 and 6, none of them a probe window
-            assert torch.equal(x[64:], x[:64]) and torch.equal(x[:64], y[:64])
             assert not torch.equal(x, y) and "?" not in text_of(x)
         else:
             assert torch.equal(x, y)
     with pytest.raises(ValueError, match="copy_share"):
         MixedWindows(ids, vocab, count=8, seq_len=128, seed=3, copy_share=-0.1)
+
+
+def test_copy_span_writes_an_earlier_span_again_at_varying_distances():
+    x = torch.arange(128)  # every token distinct: a copy shows where it came from
+    distances, lengths = set(), set()
+    for seed in range(200):
+        out, source, dest, length = copy_span(x, torch.Generator().manual_seed(seed))
+        assert 4 <= length <= 64 and source + length <= dest and dest + length <= 128
+        assert torch.equal(out[dest : dest + length], x[source : source + length])
+        kept = torch.ones(128, dtype=torch.bool)
+        kept[dest : dest + length] = False
+        assert torch.equal(out[kept], x[kept]) and torch.equal(x, torch.arange(128))
+        distances.add(dest - source)
+        lengths.add(length)
+    assert len(distances) > 50 and len(lengths) > 30  # no fixed distance to learn by position
+    with pytest.raises(ValueError, match="8 tokens"):
+        copy_span(torch.arange(6), torch.Generator())
 
 
 # --- the options on a saved checkpoint ---------------------------------------------------
