@@ -89,9 +89,10 @@ def _ordering(v: dict, lower: str, higher: str) -> str:
 def _curve_words(curve: dict, bits: dict | None = None) -> str:
     """The whole curve's verdict in words, read whole: where the verdict is "improves"
     ("degrades") but some change the other way separates at the edge, say where the curve
-    turns and that it turns back only at the edge. The lengths named here come from the paired
-    verdicts, never from the lowest mean: an "improves" falls as far as the last length shown
-    "lower" than the first; a "degrades" rises past the last length not shown "higher". A
+    turns and that it turns back only at the edge (no order claimed there). The lengths named
+    here come from the paired verdicts, never from the lowest mean: an "improves" falls as far
+    as the last length shown "lower" than the first; a "degrades" rises past the last length
+    not shown "higher". A
     curve that improves, then degrades keeps the verdict function's own ``turns_at``, which
     is the length of its lowest mean (``relbias.lab.stats.curve_verdict``)."""
     answer = curve["answer"]
@@ -111,7 +112,7 @@ def _curve_words(curve: dict, bits: dict | None = None) -> str:
                 later = [c["start"] for c in back if c["start"] >= turn]
                 rise = min(later) if later else min(c["start"] for c in back)
                 where = "it" if rise == turn else f"{rise} tokens"
-                return f"improves to {turn} tokens, rises past {where} (the rise: at the edge)"
+                return f"improves to {turn} tokens, then higher past {where} only at the edge"
             return f"degrades{_rise_start(changes)}, after a dip at the edge"
     if answer == "degrades" and bits:
         return f"degrades{_rise_start(curve['changes'])}"

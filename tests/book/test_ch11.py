@@ -76,7 +76,9 @@ def test_a_curve_is_read_whole(rows):
     the words of a curve with nothing the other way are the verdict's."""
     table, _ = rf.curve_table(rows, "fine_tuned")
     words = {line[0]: line[-1] for line in table}
-    assert words[rf.LABELS["yarn+alibi"]].startswith("improves to 512 tokens, rises past it")
+    assert words[rf.LABELS["yarn+alibi"]].startswith(
+        "improves to 512 tokens, then higher past it only at the edge"
+    )
     assert words[rf.LABELS["alibi"]] == "improves, then levels off"
 
 
@@ -104,7 +106,9 @@ def test_the_decision_table_speaks_of_a_rising_or_falling_loss(rows):
     table, headers = rf.decision_table(rows, train_len=128, layers=4)
     words = {line[0]: line[3] for line in table}
     assert words[rf.LABELS["alibi"]] == "falls, then levels off"
-    assert words[rf.LABELS["yarn+alibi"]].startswith("falls to 512 tokens, rises past it")
+    assert words[rf.LABELS["yarn+alibi"]].startswith(
+        "falls to 512 tokens, then higher past it only at the edge"
+    )
     assert not any("improves" in w or "degrades" in w for w in words.values())
     # where the rise starts comes from the verdicts: Kerple-log's 1,024 is above its 512 only at
     # the edge; 2,048 is the first length shown "higher" than a shorter one
@@ -135,12 +139,12 @@ def test_a_curves_fall_is_stated_only_as_far_as_the_verdicts_show_it(rows):
     bits = {128: [2.0], 256: [1.99], 512: [1.98], 1024: [2.03]}  # lowest mean at 512
     assert (
         rf._curve_words(curve, bits)
-        == "improves to 256 tokens, rises past 512 tokens (the rise: at the edge)"
+        == "improves to 256 tokens, then higher past 512 tokens only at the edge"
     )
     curve["changes"][1]["answer"] = "lower"  # now the fall to 512 is shown
     assert (
         rf._curve_words(curve, bits)
-        == "improves to 512 tokens, rises past it (the rise: at the edge)"
+        == "improves to 512 tokens, then higher past it only at the edge"
     )
     table, _ = rf.curve_table(rows, "zero_shot")
     words = {line[0]: line[-1] for line in table}
