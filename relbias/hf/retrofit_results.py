@@ -212,6 +212,7 @@ CAUSE_TESTS = (
     "retrofit_base_steps",
     "retrofit_copy_windows",
     "retrofit_copy_repeat",
+    "retrofit_copy_all",
 )
 
 

@@ -487,6 +487,7 @@ def test_cause_tests_name_what_each_changed_and_refuse_a_test_that_changed_nothi
         {"base_steps": 9},
         {"copy_share": 0.25},
         {"copy_share": 0.25, "probe_query": "repeat"},
+        {"copy_share": 1.0},
     ]
     for folder, change in zip(CAUSE_TESTS, changes, strict=True):
         record = _base_record({**study, **change})
