@@ -92,9 +92,8 @@ def _curve_words(curve: dict, bits: dict | None = None) -> str:
     turns and that it turns back only at the edge (no order claimed there). The lengths named
     here come from the paired verdicts, never from the lowest mean: an "improves" falls as far
     as the last length shown "lower" than the first; a "degrades" rises past the last length
-    not shown "higher". A
-    curve that improves, then degrades keeps the verdict function's own ``turns_at``, which
-    is the length of its lowest mean (``relbias.lab.stats.curve_verdict``)."""
+    not shown "higher". A curve that improves, then degrades keeps the verdict function's own
+    ``turns_at``, which is the length of its lowest mean (``relbias.lab.stats.curve_verdict``)."""
     answer = curve["answer"]
     if curve.get("turns_at"):
         answer += f" (at {curve['turns_at']})"

@@ -11,6 +11,8 @@ hurts: the same tokens read worse with it in view).
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 from torch import nn
 
@@ -36,6 +38,20 @@ def reset_dynamic_rope(model) -> None:
         if dynamic and hasattr(rotary, "original_inv_freq"):
             rotary.inv_freq = rotary.original_inv_freq.to(rotary.inv_freq.device).clone()
             rotary.max_seq_len_cached = rotary.original_max_seq_len
+
+
+@contextlib.contextmanager
+def evaluating(model):
+    """``model`` in eval mode inside the block (a module; anything else is left alone), its
+    training mode put back after, also on an error."""
+    was_training = isinstance(model, nn.Module) and model.training
+    if isinstance(model, nn.Module):
+        model.eval()
+    try:
+        yield model
+    finally:
+        if was_training:
+            model.train()
 
 
 def _forward_of(model):
@@ -178,10 +194,7 @@ def eval_by_length(
         raise ValueError("token_bytes is read only for unit='byte' of non-byte token ids")
 
     forward = _forward_of(model)
-    was_training = isinstance(model, nn.Module) and model.training
-    if isinstance(model, nn.Module):
-        model.eval()
-    try:
+    with evaluating(model):
         by_length = []
         for length in lengths:
             x, y, _ = spread_eval_windows(ids, length, spans * lengths[-1], span_len=lengths[-1])
@@ -206,9 +219,6 @@ def eval_by_length(
                 )
                 entry["context_use"] = context_use(bits, sliding, window)
             by_length.append(entry)
-    finally:
-        if was_training:
-            model.train()
     return {
         "unit": unit,
         "window": window,

@@ -274,17 +274,14 @@ def probe_accuracy(
     each distance: the share of ``samples`` sequences whose answer digit has the highest
     logit of the ten digits at the last position. Rows: ``task``, ``distance``, ``length``
     (the sequences' tokens), ``accuracy``, ``samples``."""
-    from relbias.hf.evaluation import _forward_of
+    from relbias.hf.evaluation import _forward_of, evaluating
 
     samples = check_int("samples", samples, minimum=1)
     forward = _forward_of(model)
-    was_training = isinstance(model, torch.nn.Module) and model.training
-    if isinstance(model, torch.nn.Module):
-        model.eval()
     device = _device_of(model)
     gen = torch.Generator().manual_seed(seed)
     rows = []
-    try:
+    with evaluating(model):
         for distance in distances:
             x, answers = probe_batch(
                 vocab,
@@ -309,9 +306,6 @@ def probe_accuracy(
                     "samples": samples,
                 }
             )
-    finally:
-        if was_training:
-            model.train()
     return rows
 
 
@@ -327,22 +321,16 @@ def repeat_loss(
     (``first_by_sequence``, ``second_by_sequence``), ``span`` and ``count``. A model that
     copies reads the second copy far better; one that does not, about as the first.
     ``model``: a transformers causal LM, or a callable ``ids -> logits``."""
-    from relbias.hf.evaluation import _forward_of
+    from relbias.hf.evaluation import _forward_of, evaluating
 
     span = check_int("span", span, minimum=2)
     count = check_int("count", count, minimum=1)
     forward = _forward_of(model)
-    was_training = isinstance(model, torch.nn.Module) and model.training
-    if isinstance(model, torch.nn.Module):
-        model.eval()
     gen = torch.Generator().manual_seed(seed)
     spans = torch.stack([_filler(filler, span, gen) for _ in range(count)])
     ids = torch.cat([spans, spans], dim=1)
-    try:
+    with evaluating(model):
         logits = forward(ids).float().cpu()
-    finally:
-        if was_training:
-            model.train()
     nll = -torch.log_softmax(logits[:, :-1], dim=-1).gather(-1, ids[:, 1:, None])[..., 0]
     first, second = nll[:, : span - 1].mean(1), nll[:, span:].mean(1)  # targets 1.., span+1..
     return {

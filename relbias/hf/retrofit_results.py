@@ -230,15 +230,14 @@ def cause_tests(study: dict, results=None) -> list[dict]:
     test's)}``), its recall within ``m_l`` (``got``, ``asked``: :func:`recall_within`), its
     loss at ``m_l`` (``bpb``) and the record. Raises ValueError where a test's base is not
     seed 0 or changes no setting of ``study``."""
-    from relbias.hf.retrofit_study import FOLDER
+    from relbias.hf.retrofit_study import FOLDER, settled
 
     results = Path(results) if results is not None else FOLDER.parent
-    defaults = {"probe_query": "question", "copy_share": 0.0}  # keys the stored study predates
-    same = {**defaults, **study}
+    same = settled(study)
     tests = []
     for folder in CAUSE_TESTS:
         record = json.loads((results / folder / "runs" / "base_seed0.json").read_text())
-        test = {**defaults, **record["study"]}
+        test = settled(record["study"])
         changed = {k: (same.get(k), test.get(k)) for k in same.keys() | test.keys()}
         changed = {k: v for k, v in changed.items() if v[0] != v[1]}
         if record["seed"] != 0 or not changed:

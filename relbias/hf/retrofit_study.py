@@ -65,6 +65,16 @@ STUDY = dict(
 )
 
 
+#: Settings added after the stored study was run, at the values it ran with: a stored
+#: study without them reads as these (:func:`settled`).
+ADDED_SETTINGS = dict(probe_query="question", copy_share=0.0)
+
+
+def settled(study: dict) -> dict:
+    """``study`` with :data:`ADDED_SETTINGS` filled in where it predates them."""
+    return {**ADDED_SETTINGS, **study}
+
+
 def _provenance(wall_s: float) -> dict:
     from relbias.lab.results import checkout_commit
 
@@ -103,7 +113,7 @@ class Data:
         self.vocab = ProbeVocabulary(
             lambda s: self.tokenizer.encode(s, add_special_tokens=False),
             keys=study["probe_keys"],
-            query=study.get("probe_query", "question"),  # the stored study predates the key
+            query=settled(study)["probe_query"],
         )
         g = torch.Generator().manual_seed(99)
         n = study["train_len"] + 1
@@ -165,7 +175,7 @@ def run_base(seed: int, data: Data, study: dict, folder: Path) -> Path:
         seed=seed,
         probe_share=study["probe_share"],
         items=study["probe_items"],
-        copy_share=study.get("copy_share", 0.0),  # the stored study predates the key
+        copy_share=settled(study)["copy_share"],
     )
     with tempfile.TemporaryDirectory() as tmp:
         losses = pretrain(
@@ -221,7 +231,7 @@ def retrofit_record(base_dir, option: str, seed: int, data: Data, study: dict) -
         seed=1000 + seed,  # the same windows for every option of this seed
         probe_share=study["probe_share"],
         items=study["probe_items"],
-        copy_share=study.get("copy_share", 0.0),
+        copy_share=settled(study)["copy_share"],
     )
     torch.manual_seed(seed)
     with tempfile.TemporaryDirectory() as tmp:
