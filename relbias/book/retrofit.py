@@ -93,7 +93,8 @@ def _curve_words(curve: dict, bits: dict | None = None) -> str:
     here come from the paired verdicts, never from the lowest mean: an "improves" falls as far
     as the last length shown "lower" than the first; a "degrades" rises past the last length
     not shown "higher". A curve that improves, then degrades keeps the verdict function's own
-    ``turns_at``, which is the length of its lowest mean (``relbias.lab.stats.curve_verdict``)."""
+    ``turns_at``, which is the length of its lowest mean (``relbias.lab.stats.curve_verdict``).
+    A curve that levels off says by how much it fell (rose) first, in bits per byte."""
     answer = curve["answer"]
     if curve.get("turns_at"):
         answer += f" (at {curve['turns_at']})"
@@ -115,6 +116,12 @@ def _curve_words(curve: dict, bits: dict | None = None) -> str:
             return f"degrades{_rise_start(changes)}, after a dip at the edge"
     if answer == "degrades" and bits:
         return f"degrades{_rise_start(curve['changes'])}"
+    if answer.endswith(", then levels off") and bits and curve.get("levels_from"):
+        # how far it fell (rose) before it levelled off, so a tiny change reads as tiny
+        first, level = min(bits), curve["levels_from"]
+        size = abs(statistics.fmean(bits[level]) - statistics.fmean(bits[first]))
+        verb = answer.split(",")[0]
+        return f"{verb} by {size:.3f} bits to {level} tokens, then levels off"
     return answer
 
 

@@ -11,7 +11,9 @@ verdict function (:func:`relbias.lab.stats.verdict`), paired on the base's seed.
 - :func:`context_comparisons`: every stored context-use comparison past ``m_l`` and the
   ones that read "lower";
 - :func:`cause_tests`: the stored one-seed tests of a cause of the bases' missing recall
-  (:data:`CAUSE_TESTS`), each checked to change only its own settings.
+  (:data:`CAUSE_TESTS`), each checked to change only its own settings;
+- :func:`seed_bases`: the bases of one stored test, every seed it holds (the tests repeated
+  over seeds), with their recall within ``m_l`` and :func:`copy_gains`.
 
 Errors: the text's own sampling error from the bits per span (:func:`relbias.lab.stats.
 text_error`), the probe's from its sample count (:func:`relbias.lab.stats.probe_error`).
@@ -31,6 +33,8 @@ __all__ = [
     "LATEST_CHANCE",
     "cause_tests",
     "context_comparisons",
+    "copy_gains",
+    "seed_bases",
     "context_use_verdict",
     "recall_within",
     "span_means",
@@ -222,6 +226,51 @@ def recall_within(record: dict) -> tuple[int, int]:
     m_l = record["study"]["train_len"]
     items = [x for x in record["reading"]["recall"] if x["distance"] < m_l]
     return round(sum(x["accuracy"] * x["samples"] for x in items)), sum(x["samples"] for x in items)
+
+
+def copy_gains(record: dict) -> dict[int, float]:
+    """How much better a stored base reads a span of held-out text the second time, right
+    after the first (:func:`relbias.hf.recall.repeat_loss`, stored as ``record["repeat"]``):
+    ``{span: first - second}`` in nats per token; a base that copies by content gains far
+    more than one that does not."""
+    if "repeat" not in record:
+        raise ValueError(
+            f"the {record.get('option', '?')} run of seed {record.get('seed', '?')} stores no "
+            "repeat reading (it predates it): read its checkpoint with repeat_loss"
+        )
+    return {r["span"]: r["first"] - r["second"] for r in record["repeat"]}
+
+
+def seed_bases(folder: str, results=None) -> list[dict]:
+    """Every base stored in the test ``folder`` (in ``results``: default the folder that
+    holds the study's), by seed: ``seed``, its recall within ``m_l`` (``got``, ``asked``:
+    :func:`recall_within`), its loss at ``m_l`` (``bpb``), :func:`copy_gains` (``gains``)
+    and the record. Raises ValueError where the folder holds no base, or bases pretrained
+    with different settings."""
+    from relbias.hf.retrofit_study import FOLDER, settled
+
+    results = Path(results) if results is not None else FOLDER.parent
+    paths = sorted((results / folder / "runs").glob("base_seed*.json"))
+    records = sorted((json.loads(p.read_text()) for p in paths), key=lambda r: r["seed"])
+    if not records:
+        raise ValueError(f"{folder}: no base_seed*.json in {results / folder / 'runs'}")
+    studies = {json.dumps(settled(r["study"]), sort_keys=True) for r in records}
+    if len(studies) != 1:
+        raise ValueError(f"{folder}: its bases were pretrained with different settings")
+    out = []
+    for record in records:
+        got, asked = recall_within(record)
+        out.append(
+            {
+                "seed": record["seed"],
+                "got": got,
+                "asked": asked,
+                "bpb": _at(record["reading"], record["study"]["train_len"])["bits"],
+                "gains": copy_gains(record),
+                "record": record,
+            }
+        )
+    return out
 
 
 def cause_tests(study: dict, results=None) -> list[dict]:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import statistics
+
 import pytest
 
 pytest.importorskip("transformers")
@@ -73,13 +75,14 @@ def test_base_path_is_the_repositorys_checkpoint():
 
 def test_a_curve_is_read_whole(rows):
     """An "improves" that rises again at the edge says so (YaRN + ALiBi after the fine-tune);
-    the words of a curve with nothing the other way are the verdict's."""
+    the words of a curve with nothing the other way are the verdict's, with the size of a
+    fall that levels off."""
     table, _ = rf.curve_table(rows, "fine_tuned")
     words = {line[0]: line[-1] for line in table}
     assert words[rf.LABELS["yarn+alibi"]].startswith(
         "improves to 512 tokens, then higher past it only at the edge"
     )
-    assert words[rf.LABELS["alibi"]] == "improves, then levels off"
+    assert words[rf.LABELS["alibi"]] == "improves by 0.003 bits to 256 tokens, then levels off"
 
 
 def test_provenance_commands_are_code_and_keep_a_foreign_folder(runs):
@@ -105,7 +108,7 @@ def test_the_decision_table_speaks_of_a_rising_or_falling_loss(rows):
     context-use column says its unit and sign."""
     table, headers = rf.decision_table(rows, train_len=128, layers=4)
     words = {line[0]: line[3] for line in table}
-    assert words[rf.LABELS["alibi"]] == "falls, then levels off"
+    assert words[rf.LABELS["alibi"]] == "falls by 0.003 bits to 256 tokens, then levels off"
     assert words[rf.LABELS["yarn+alibi"]].startswith(
         "falls to 512 tokens, then higher past it only at the edge"
     )
@@ -186,3 +189,18 @@ def test_a_rise_is_stated_past_the_length_before_the_first_one_shown_higher(rows
     words = {line[0]: line[-1] for line in table}
     assert words[rf.LABELS["dynamic_ntk"]] == "degrades past 256 tokens"
     assert words[rf.LABELS["linear"]] == words[rf.LABELS["yarn"]] == "degrades past 512 tokens"
+
+
+def test_a_curve_that_levels_off_says_how_far_it_fell_first(rows):
+    """ "Falls, then levels off" alone reads like a real fall: the words name its size, from
+    the first length to where it levelled off (ALiBi's, after the fine-tune, is tiny)."""
+    curve = {"answer": "improves, then levels off", "levels_from": 256, "changes": []}
+    bits = {128: [2.0, 2.2], 256: [1.9, 2.1], 512: [1.9, 2.1], 1024: [1.91, 2.09]}
+    assert rf._curve_words(curve, bits) == "improves by 0.100 bits to 256 tokens, then levels off"
+    assert rf._plain_curve_words(curve, bits).startswith("falls by 0.100 bits to 256")
+    alibi = rf.row_of(rows, "alibi", "fine_tuned")
+    said = rf._curve_words(alibi["curve"], alibi["bits"])
+    first, level = min(alibi["bits"]), alibi["curve"]["levels_from"]
+    fall = statistics.fmean(alibi["bits"][first]) - statistics.fmean(alibi["bits"][level])
+    assert said == f"improves by {fall:.3f} bits to {level} tokens, then levels off"
+    assert 0 < fall < 0.01  # tiny, and now said so

@@ -35,10 +35,12 @@ from relbias.hf.retrofit_results import (  # noqa: E402
     cause_tests,
     context_comparisons,
     context_use_verdict,
+    copy_gains,
     load_runs,
     option_rows,
     recall_within,
     recovery_steps,
+    seed_bases,
     span_means,
 )
 
@@ -505,6 +507,54 @@ def test_cause_tests_name_what_each_changed_and_refuse_a_test_that_changed_nothi
     same.write_text(json.dumps(_base_record(study)))
     with pytest.raises(ValueError, match="retrofit_probe_share"):
         cause_tests(study, tmp_path)
+
+
+def test_copy_gains_read_each_span_and_refuse_a_run_without_the_reading():
+    record = _base_record({"train_len": 16})
+    record["repeat"] = [
+        {"span": 8, "first": 3.0, "second": 1.0},
+        {"span": 64, "first": 2.5, "second": 2.75},
+    ]
+    assert copy_gains(record) == {8: 2.0, 64: -0.25}  # a worse second copy stays negative
+    del record["repeat"]
+    with pytest.raises(ValueError, match="repeat_loss"):
+        copy_gains(record)
+
+
+def test_seed_bases_reads_every_seed_in_order_and_refuses_mixed_settings(tmp_path):
+    study = {"train_len": 16, "copy_share": 1.0}
+    runs = tmp_path / "t" / "runs"
+    runs.mkdir(parents=True)
+    for seed, acc in ((2, (0.0, 0.0, 0.0)), (0, (1.0, 1.0, 0.0)), (1, (0.5, 0.25, 0.0))):
+        record = _base_record(study, seed=seed, accuracies=acc)
+        record["repeat"] = [{"span": 8, "first": 3.0, "second": 3.0 - seed}]
+        (runs / f"base_seed{seed}.json").write_text(json.dumps(record))
+    bases = seed_bases("t", tmp_path)
+    assert [(b["seed"], b["got"], b["asked"]) for b in bases] == [
+        (0, 16, 16),
+        (1, 6, 16),
+        (2, 0, 16),
+    ]
+    assert [b["gains"] for b in bases] == [{8: 0.0}, {8: 1.0}, {8: 2.0}]
+    other = _base_record({**study, "base_steps": 9}, seed=3)
+    other["repeat"] = []
+    (runs / "base_seed3.json").write_text(json.dumps(other))
+    with pytest.raises(ValueError, match="different settings"):
+        seed_bases("t", tmp_path)
+    with pytest.raises(ValueError, match="no base_seed"):
+        seed_bases("empty", tmp_path)
+
+
+def test_the_stored_copy_tests_hold_three_seeds_each_with_its_reading():
+    """The stored tests repeated over seeds: every window a copy window at 3,000 and 6,000
+    steps (``relbias/hf/results/README.md``)."""
+    for folder, steps in (("retrofit_copy_all", None), ("retrofit_copy_all_6k", 6000)):
+        bases = seed_bases(folder)
+        assert [b["seed"] for b in bases] == [0, 1, 2]
+        assert all(b["record"]["study"]["copy_share"] == 1.0 for b in bases)
+        assert all(b["record"]["study"]["base_steps"] == (steps or 3000) for b in bases)
+        assert all(sorted(b["gains"]) == [8, 16, 64] for b in bases)
+        assert all("+dirty" not in b["record"]["provenance"]["commit"] for b in bases)
 
 
 def test_the_stored_context_comparisons_cover_every_option_stage_and_length():
