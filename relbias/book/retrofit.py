@@ -29,6 +29,7 @@ __all__ = [
     "plot_probe",
     "paired_table",
     "plot_recovery",
+    "plot_rotations",
     "probe_table",
     "provenance_rows",
     "quick_study",
@@ -243,6 +244,43 @@ def plot_curves(runs: dict, options):
         ax.set_title(title, fontsize=9)
     axes[0, 0].set_ylabel("bits per byte (mean of 3 seeds)")
     axes[0, 1].legend(fontsize=6, ncol=2)
+    return fig
+
+
+def plot_rotations(base, *, factor: float = 4.0, longest: int = 16):
+    """Each pair's turns within the training length ``m_l`` (``theta_k m_l / 2 pi``, log
+    scale) in the saved ``base`` and under each scaling by ``factor``, as HF computes them
+    (:func:`relbias.hf.retrofit.rotation_rates`; dynamic NTK read at ``factor`` and at
+    ``longest`` times ``m_l``). Below the dotted line a pair turns less than once within
+    ``m_l``. Linear interpolation is drawn wide, under YaRN, which equals it on the slow pairs."""
+    import math
+
+    from relbias.hf.retrofit import load_option, rotation_rates
+
+    fig, ax = figure(6.4, 3.4)
+    lines = [
+        ("control", 1, "RoPE as pretrained", dict(color="k", ls="--", lw=2)),
+        ("linear", 1, "linear interpolation (any length)", dict(color="C1", lw=4, alpha=0.5)),
+        ("dynamic_ntk", factor, f"dynamic NTK at {factor:g} $m_l$", dict(color="C2")),
+        ("dynamic_ntk", longest, f"dynamic NTK at {longest} $m_l$", dict(color="C2", ls=":")),
+        ("yarn", 1, "YaRN (any length)", dict(color="C3")),
+    ]
+    configs = {}
+    for option, times, label, style in lines:
+        if option not in configs:
+            configs[option] = load_option(base, option, factor=factor).config
+        m_l = configs[option].max_position_embeddings
+        rates, _ = rotation_rates(configs[option], length=int(times * m_l))
+        pairs = list(range(1, len(rates) + 1))
+        turns = (rates * m_l / (2 * math.pi)).tolist()
+        ax.plot(pairs, turns, marker="o", ms=3, label=label, **style)
+    ax.axhline(1.0, color="grey", ls=":", lw=1)
+    ax.text(len(pairs), 1.2, "one turn within $m_l$", fontsize=7, color="grey", ha="right")
+    ax.set_yscale("log")
+    ax.set_xticks(pairs)
+    ax.set_xlabel("pair $k$ (fastest first)")
+    ax.set_ylabel(f"turns within $m_l$ = {m_l} tokens")
+    ax.legend(fontsize=7)
     return fig
 
 

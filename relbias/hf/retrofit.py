@@ -14,7 +14,8 @@ fine-tune. Each option of :data:`OPTIONS` is one way to prepare the loaded check
 
 :func:`load_option` loads a saved base with one option applied; :func:`fine_tune` trains it
 with HF's Trainer and records the loss at ``m_l`` along the way (the recovery curve);
-:func:`params_added` counts what an option adds.
+:func:`params_added` counts what an option adds; :func:`rotation_rates` reads how a loaded
+option's RoPE turns each pair of dimensions, as HF computes it.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ __all__ = [
     "params_added",
     "reset_dynamic_rope",
     "rope_parameters",
+    "rotation_rates",
 ]
 
 #: Every option: the RoPE scaling (``rope_type`` for HF's ``rope_parameters``, or None for
@@ -88,6 +90,29 @@ def load_option(path, option: str, *, factor: float = 4.0):
 def params_added(model, base) -> int:
     """Parameters of ``model`` beyond those of ``base``."""
     return sum(p.numel() for p in model.parameters()) - sum(p.numel() for p in base.parameters())
+
+
+def rotation_rates(config, length: int | None = None) -> tuple[torch.Tensor, float]:
+    """How a RoPE model with ``config`` turns its pairs of dimensions, as HF computes it:
+    each pair's angle per position (radians, float64, pair 1 first: ``theta_k``) and the
+    factor HF puts on cos and sin (YaRN's temperature; 1 otherwise), for an input of
+    ``length`` tokens (default: the training length, ``max_position_embeddings``; only
+    dynamic NTK depends on it, raising its base past the training length)."""
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    params = config.rope_parameters
+    rope_type = check_choice(
+        "rope_type", params.get("rope_type", "default"), {"default", "linear", "dynamic", "yarn"}
+    )
+    m_l = config.max_position_embeddings
+    length = m_l if length is None else check_int("length", length, minimum=1)
+    if rope_type == "default":
+        d = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        steps = torch.arange(0, d, 2, dtype=torch.float64) / d
+        return float(params["rope_theta"]) ** -steps, 1.0
+    kwargs = {"seq_len": length} if rope_type == "dynamic" else {}
+    inv_freq, scale = ROPE_INIT_FUNCTIONS[rope_type](config, None, **kwargs)
+    return inv_freq.double(), float(scale)
 
 
 def _recovery_callback(read, every: int, curve: list):

@@ -350,6 +350,48 @@ def test_every_reading_of_dynamic_ntk_reads_each_input_at_its_own_length(base_di
     assert torch.equal(after_long, fresh)
 
 
+@pytest.mark.parametrize("option", ["control", "linear", "dynamic_ntk", "yarn", "yarn+alibi"])
+def test_rotation_rates_are_what_the_loaded_model_turns_by(base_dir, option):
+    """rotation_rates reads HF's own numbers: the rotary embedding's inv_freq and cos/sin
+    factor, for dynamic NTK after a forward of 4 m_l tokens (its base grown)."""
+    from relbias.hf.retrofit import rotation_rates
+
+    model = load_option(base_dir, option, factor=4.0)
+    config, rotary = model.config, model.model.rotary_emb
+    m_l, d = config.max_position_embeddings, config.head_dim
+    rates, scale = rotation_rates(config)
+    assert rates.dtype == torch.float64 and rates.shape == (d // 2,)
+    assert torch.allclose(rates.float(), rotary.inv_freq) and scale == rotary.attention_scaling
+    plain = 10000.0 ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)
+    if option == "control":
+        assert torch.allclose(rates, plain) and scale == 1.0
+    if option == "linear":
+        assert torch.allclose(rates, plain / 4)
+    if option.startswith("yarn"):  # the fastest pair kept, the slowest slowed by the factor
+        assert torch.isclose(rates[0], plain[0]) and torch.isclose(
+            plain[-1] / rates[-1], torch.tensor(4.0, dtype=torch.float64)
+        )
+        assert scale == pytest.approx(0.1 * math.log(4) + 1)
+    if option == "dynamic_ntk":
+        assert torch.allclose(rates, plain)  # at m_l: the trained base
+        with torch.no_grad():
+            model(input_ids=torch.randint(128, (1, 4 * m_l)))
+        grown, _ = rotation_rates(config, length=4 * m_l)
+        assert torch.allclose(grown.float(), rotary.inv_freq)
+        assert float(plain[-1] / grown[-1]) == pytest.approx(4 * 4 - 3, rel=1e-4)  # s m/m_l - (s-1)
+
+
+def test_rotation_rates_check_their_arguments(base_dir):
+    from relbias.hf.retrofit import rotation_rates
+
+    config = load_option(base_dir, "linear").config
+    with pytest.raises(ValueError, match="length"):
+        rotation_rates(config, length=0)
+    config.rope_parameters["rope_type"] = "longrope"
+    with pytest.raises(ValueError, match="rope_type"):
+        rotation_rates(config)
+
+
 def test_load_option_checks_its_arguments(base_dir):
     with pytest.raises(ValueError, match="option"):
         load_option(base_dir, "xpos")
