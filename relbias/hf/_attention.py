@@ -38,7 +38,11 @@ positions advance by one along each row (training, a prompt), the materialised b
 packed sequences with gradients. A decoding step without gradients (one query per row)
 computes what the core's table path would, with the per-step work done once: the
 positions and mask work once per forward for every layer, the bias row a slice of a
-table kept per bias module between steps (see "the cached decoding step" below).
+table kept per bias module between steps (see "the cached decoding step" below). Under
+``torch.compile`` with a static cache no table is kept (reading its range would break the
+graph): every layer evaluates its bias at every slot, except that a parameter-free family
+(ALiBi, Sandwich), whose values are the same in every layer, is evaluated once per forward
+and read by every layer (:func:`_shared_bias`).
 """
 
 from __future__ import annotations
@@ -69,6 +73,7 @@ ATTN_IMPLEMENTATION = "relbias"
 #: to the attention function (``**kwargs``).
 _OFFSETS_KW = "relbias_offsets"
 _INPUT_KW = "relbias_input"
+_SHARED_KW = "relbias_shared"
 
 
 def bias_of(module) -> RelativeBias | DataDependentBias:
@@ -98,10 +103,50 @@ def attention_pre_hook(module, args, kwargs):
             # A static layer's counter, updated in place by cache.update: keep its value now.
             q_offset = q_offset.clone()
         _, kv_offset = cache.get_mask_sizes(q_len, layer_idx)
-        extra[_OFFSETS_KW] = (q_offset, kv_offset)
+        offsets = (q_offset, kv_offset)
+        if torch.compiler.is_compiling() and _all_static(cache):
+            # Every full static layer's counter holds the same value before its own update:
+            # the first layer's offsets serve them all, in one store per forward (_shared_bias).
+            if layer_idx == 0:
+                cache._relbias_shared = {"offsets": offsets}
+            shared = getattr(cache, "_relbias_shared", None)
+            if shared is not None:
+                offsets, extra[_SHARED_KW] = shared["offsets"], shared
+                if layer_idx == len(cache.layers) - 1:  # nothing kept between forwards
+                    del cache._relbias_shared
+        extra[_OFFSETS_KW] = offsets
     if not extra:
         return None
     return args, {**kwargs, **extra}
+
+
+def _all_static(cache) -> bool:
+    """Whether every layer of ``cache`` is a full static layer (HF's ``StaticLayer``)."""
+    from transformers.cache_utils import StaticLayer
+
+    layers = getattr(cache, "layers", None)
+    return bool(layers) and all(type(layer) is StaticLayer for layer in layers)
+
+
+def _shared_bias(bias, query, key, position_ids, offsets, shared):
+    """The bias at the layer's positions, computed once per forward for every layer whose
+    bias module gives the same values; None where that does not apply.
+
+    Under ``torch.compile`` with a static cache the decoding step cannot keep tables between
+    steps (:func:`_decoding_step`): every layer evaluates its bias at every slot of the
+    cache. A parameter-free family (ALiBi, Sandwich) gives every layer the same values at
+    the same positions; the layers share HF's ``position_ids`` and, through ``shared`` (a
+    store per forward, :func:`attention_pre_hook`), their cache offsets: the first layer
+    computes the values and stores them, the others read them. A family with parameters
+    computes its own."""
+    if shared is None or not bias.offset_only or any(True for _ in bias.parameters()):
+        return None
+    name = (type(bias), bias.extra_repr(), query.shape[2], key.shape[2])
+    hit = shared.get(name)
+    if hit is None or hit[0] is not position_ids or hit[1] is not offsets:
+        qpos, kpos = positions(query, key, position_ids, offsets)
+        hit = shared[name] = (position_ids, offsets, bias.at_positions(qpos, kpos))
+    return hit[2]
 
 
 def _query_positions(position_ids, batch: int, q_len: int, q_offset, device) -> torch.Tensor:
@@ -203,11 +248,17 @@ def relbias_attention(
         )
         if out is not None:
             return out, None
-        qpos, kpos = positions(query, key, kwargs.get("position_ids"), kwargs.get(_OFFSETS_KW))
-        bias = bias_module
-        # HF's mask holds the causal rule (and padding, windows, a static cache's empty
-        # slots); the positions place the bias.
-        placed = {"q_positions": qpos, "k_positions": kpos, "causal": attention_mask is None}
+        position_ids, offsets = kwargs.get("position_ids"), kwargs.get(_OFFSETS_KW)
+        shared = kwargs.get(_SHARED_KW)
+        values = _shared_bias(bias_module, query, key, position_ids, offsets, shared)
+        if values is not None:  # HF's mask holds the causal rule and the empty slots
+            bias, placed = values, {"causal": attention_mask is None}
+        else:
+            qpos, kpos = positions(query, key, position_ids, offsets)
+            bias = bias_module
+            # HF's mask holds the causal rule (and padding, windows, a static cache's empty
+            # slots); the positions place the bias.
+            placed = {"q_positions": qpos, "k_positions": kpos, "causal": attention_mask is None}
     out = biased_attention(
         query,
         key,

@@ -64,7 +64,7 @@ def test_under_autocast_the_bias_is_added_in_float32():
     assert torch.isfinite(logits).all()
 
 
-@pytest.mark.parametrize("family", ["t5", "fire"])
+@pytest.mark.parametrize("family", ["t5", "fire", "sandwich", "alibi"])
 def test_compiled_static_cache_decoding_does_not_recompile_per_step(family):
     """The forward compiled in one graph (``fullgraph``) and decoding with a static cache: the
     prompt and the decoding step compile once each, the positions and cache offsets of each
@@ -93,6 +93,7 @@ def test_compiled_static_cache_decoding_does_not_recompile_per_step(family):
 
         return aot_eager(gm, example_inputs)
 
+    torch._dynamo.reset()  # the compiled code of earlier tests counts toward the recompile limit
     model.forward = torch.compile(eager_forward, backend=counting_backend, fullgraph=True)
     try:
         assert torch.equal(generate(), expected)
@@ -104,3 +105,51 @@ def test_compiled_static_cache_decoding_does_not_recompile_per_step(family):
             torch.compiler.set_stance("default")
     finally:
         model.forward = eager_forward
+
+
+@pytest.mark.parametrize("family", ["sandwich", "kerple_log"])
+def test_a_compiled_static_decode_evaluates_a_parameter_free_bias_once_per_forward(family):
+    """Under compile with a static cache every layer reads every slot: a parameter-free
+    family's values (the same in every layer: Sandwich's cosines) are computed by the first
+    layer and read by the others, a family with parameters (Kerple-log's log1p) computes its
+    own in each layer (the operations counted in each traced graph); the tokens equal eager
+    decoding's either way (a left-padded batch)."""
+    import collections
+
+    from torch._dynamo.backends.common import aot_autograd
+
+    model = biased(family)
+    layers = model.config.num_hidden_layers
+    ids, mask = left_padded(random_rows([5, 3], seed=12))
+
+    def generate():
+        with torch.no_grad():
+            return model.generate(
+                ids,
+                attention_mask=mask,
+                max_new_tokens=4,
+                do_sample=False,
+                cache_implementation="static",
+            )
+
+    expected = generate()
+    graphs = []
+
+    def count(gm, example_inputs):
+        graphs.append(collections.Counter(str(n.target) for n in gm.graph.nodes))
+        return gm
+
+    eager_forward = model.forward
+    torch._dynamo.reset()  # the compiled code of earlier tests counts toward the recompile limit
+    compiled = torch.compile(eager_forward, backend=aot_autograd(fw_compiler=count), fullgraph=True)
+    model.forward = compiled
+    try:
+        assert torch.equal(generate(), expected)
+    finally:
+        model.forward = eager_forward
+    assert len(graphs) == 2  # the prompt's and the decoding step's
+    for ops in graphs:
+        if family == "sandwich":  # one cos for the bias, one in the (unused) rotary embedding
+            assert ops["aten.cos.default"] == 2
+        else:
+            assert ops["aten.log1p.default"] == layers
