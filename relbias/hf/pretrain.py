@@ -119,12 +119,27 @@ class MixedWindows(torch.utils.data.Dataset):
     (:func:`copy_span`: a span of the window written again later in it, at a random
     distance), what a model learns to copy from its context on (windows ``k // 2, k // 2 +
     k, ..`` for ``k = round(1 / copy_share)``; probe items written after, where both fall on
-    one window). Examples are made on demand, the same for the same ``seed`` and index."""
+    one window). ``tasks``: the probe tasks the items are drawn from (``("recall",)``: no
+    key set twice). Examples are made on demand, the same for the same ``seed`` and index."""
 
     def __init__(
-        self, ids, vocab, *, count, seq_len, seed, probe_share=0.25, items=4, copy_share=0.0
+        self,
+        ids,
+        vocab,
+        *,
+        count,
+        seq_len,
+        seed,
+        probe_share=0.25,
+        items=4,
+        copy_share=0.0,
+        tasks=("recall", "latest"),
     ):
-        self.ids, self.vocab = ids, vocab
+        from relbias.hf.recall import TASKS
+
+        self.ids, self.vocab, self.tasks = ids, vocab, tuple(tasks)
+        if not self.tasks or any(t not in TASKS for t in self.tasks):
+            raise ValueError(f"tasks must be a non-empty choice among {TASKS}, got {self.tasks}")
         self.count = check_int("count", count, minimum=1)
         self.seq_len = check_int("seq_len", seq_len, minimum=8)
         self.seed = check_int("seed", seed, minimum=0)
@@ -150,7 +165,7 @@ class MixedWindows(torch.utils.data.Dataset):
         if self.copy_every and i % self.copy_every == self.copy_every // 2:
             x = copy_span(x, gen)[0]
         if self.probe_every and i % self.probe_every == 0:
-            x = training_sequence(self.vocab, x, items=self.items, generator=gen)
+            x = training_sequence(self.vocab, x, items=self.items, generator=gen, tasks=self.tasks)
         return {"input_ids": x, "labels": x}
 
 

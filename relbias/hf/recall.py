@@ -208,14 +208,19 @@ def training_sequence(
     items: int,
     generator: torch.Generator,
     max_distance: int | None = None,
+    tasks=TASKS,
 ) -> torch.Tensor:
     """``text`` (a 1-D window of token ids, copied) with up to ``items`` probe items written
-    into it: each a query and its statement(s), task ``recall`` or ``latest`` at random, the
+    into it: each a query and its statement(s), its task drawn from ``tasks`` (default
+    ``recall`` or ``latest`` at random; ``("recall",)``: no key is ever set twice), the
     distance uniform from the nearest to ``max_distance`` (default: what the window allows).
     Each item asks a key of its own (no other item sets it), so every query's answer is the
     newest statement of its key before it. Items that do not fit beside the earlier ones are
     skipped."""
     items = check_int("items", items, minimum=0)
+    tasks = tuple(tasks)
+    if not tasks or any(t not in TASKS for t in tasks):
+        raise ValueError(f"tasks must be a non-empty choice among {TASKS}, got {tasks}")
     row = text.clone().long()
     n = row.numel()
     taken = torch.zeros(n, dtype=torch.bool)
@@ -227,7 +232,7 @@ def training_sequence(
         raise ValueError(f"items must be at most the number of keys ({len(vocab.names)})")
     used: set[int] = set()  # one item per key: no statement of another item in between
     for _ in range(items):
-        task = TASKS[int(torch.randint(2, (1,), generator=generator))]
+        task = tasks[int(torch.randint(len(tasks), (1,), generator=generator))]
         distance = int(torch.randint(low, high + 1, (1,), generator=generator))
         gap = max(vocab.statement_len, distance // 4)
         reach = distance + vocab.statement_len + (gap + vocab.statement_len) * (task == "latest")

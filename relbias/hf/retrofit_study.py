@@ -62,12 +62,13 @@ STUDY = dict(
     probe_samples=48,
     probe_keys=64,
     probe_query="question",
+    train_tasks="recall,latest",
 )
 
 
 #: Settings added after the stored study was run, at the values it ran with: a stored
 #: study without them reads as these (:func:`settled`).
-ADDED_SETTINGS = dict(probe_query="question", copy_share=0.0)
+ADDED_SETTINGS = dict(probe_query="question", copy_share=0.0, train_tasks="recall,latest")
 
 
 def settled(study: dict) -> dict:
@@ -176,6 +177,7 @@ def run_base(seed: int, data: Data, study: dict, folder: Path) -> Path:
         probe_share=study["probe_share"],
         items=study["probe_items"],
         copy_share=settled(study)["copy_share"],
+        tasks=settled(study)["train_tasks"].split(","),
     )
     with tempfile.TemporaryDirectory() as tmp:
         losses = pretrain(
@@ -232,6 +234,7 @@ def retrofit_record(base_dir, option: str, seed: int, data: Data, study: dict) -
         probe_share=study["probe_share"],
         items=study["probe_items"],
         copy_share=settled(study)["copy_share"],
+        tasks=settled(study)["train_tasks"].split(","),
     )
     torch.manual_seed(seed)
     with tempfile.TemporaryDirectory() as tmp:

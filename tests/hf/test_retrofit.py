@@ -117,6 +117,35 @@ def test_training_sequence_answers_every_query_with_the_latest_digit(vocab, seed
         assert int(q.group(2)) == before[-1]
 
 
+@pytest.mark.parametrize("seed", range(4))
+def test_training_sequences_of_recall_items_only_set_each_key_once(vocab, seed):
+    """tasks=("recall",): every query has exactly one statement of its key before it; the
+    default draws the same rows as both tasks named."""
+    g = torch.Generator().manual_seed(seed)
+    row = training_sequence(vocab, char_filler(256, seed), items=6, generator=g, tasks=["recall"])
+    text = text_of(row)
+    queries = list(re.finditer(r" ([A-Z]{2})\?(\d)", text))
+    assert queries, "no item fitted"
+    for q in queries:
+        before = re.findall(rf" {q.group(1)}=(\d)", text[: q.start()])
+        assert before == [q.group(2)]
+    both = [
+        training_sequence(
+            vocab,
+            char_filler(256, seed),
+            items=6,
+            generator=torch.Generator().manual_seed(seed),
+            **kw,
+        )
+        for kw in ({}, {"tasks": ("recall", "latest")})
+    ]
+    assert torch.equal(*both)
+    with pytest.raises(ValueError, match="tasks"):
+        training_sequence(vocab, char_filler(256, seed), items=2, generator=g, tasks=["nearest"])
+    with pytest.raises(ValueError, match="tasks"):
+        MixedWindows(char_filler(512, seed), vocab, count=4, seq_len=128, seed=0, tasks=())
+
+
 @pytest.mark.parametrize("seed", range(3))
 def test_a_training_sequence_with_repeated_queries_keeps_one_digit_per_key(seed):
     vocab = ProbeVocabulary(char_encode, keys=40, query="repeat")
