@@ -156,17 +156,39 @@ class MixedWindows(torch.utils.data.Dataset):
     def __len__(self):
         return self.count
 
-    def __getitem__(self, i):
+    def _window(self, i):
+        """Window ``i`` and its copy (``(source, destination, length)``, or None)."""
         from relbias.hf.recall import training_sequence
 
         gen = torch.Generator().manual_seed(self.seed * 1_000_003 + i)
         start = int(torch.randint(self.ids.numel() - self.seq_len, (1,), generator=gen))
-        x = self.ids[start : start + self.seq_len]
+        x, copy = self.ids[start : start + self.seq_len], None
         if self.copy_every and i % self.copy_every == self.copy_every // 2:
-            x = copy_span(x, gen)[0]
+            x, *copy = copy_span(x, gen)
         if self.probe_every and i % self.probe_every == 0:
             x = training_sequence(self.vocab, x, items=self.items, generator=gen, tasks=self.tasks)
+        return x, copy
+
+    def __getitem__(self, i):
+        x = self._window(i)[0]
         return {"input_ids": x, "labels": x}
+
+    def copies_kept(self, windows: int | None = None) -> float:
+        """The share of the copy windows' copied tokens that the probe items, written after,
+        leave as copied (the token at the second place still equals the one at the first),
+        over the first ``windows`` windows (default: all); 1.0 where no item falls on a copy.
+        """
+        windows = self.count if windows is None else check_int("windows", windows, minimum=1)
+        kept = total = 0
+        for i in range(min(windows, self.count)):
+            x, copy = self._window(i)
+            if copy:
+                source, dest, length = copy
+                kept += int((x[dest : dest + length] == x[source : source + length]).sum())
+                total += length
+        if not total:
+            raise ValueError("these windows hold no copy window (copy_share is 0)")
+        return kept / total
 
 
 def copy_span(x: torch.Tensor, generator: torch.Generator):

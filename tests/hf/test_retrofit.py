@@ -646,3 +646,21 @@ def test_the_stored_context_comparisons_cover_every_option_stage_and_length():
             and stage in ("zero_shot", "fine_tuned")
             and n in (2 * m_l, 4 * m_l, 8 * m_l)
         )
+
+
+def test_copies_kept_counts_the_copied_tokens_the_probe_items_leave(vocab):
+    """Without probe items every copied token stays a copy; with items in every window some
+    are overwritten, and more than with items in a quarter of them (the same windows)."""
+    ids = char_filler(4096, seed=5)
+    kept = {
+        share: MixedWindows(
+            ids, vocab, count=64, seq_len=128, seed=1, probe_share=share, copy_share=1.0
+        ).copies_kept()
+        for share in (0.0, 0.25, 1.0)
+    }
+    assert kept[0.0] == 1.0 and kept[1.0] < kept[0.25] < 1.0
+    windows = MixedWindows(ids, vocab, count=8, seq_len=128, seed=1, copy_share=1.0)
+    with pytest.raises(ValueError, match="copy window"):
+        MixedWindows(ids, vocab, count=8, seq_len=128, seed=1).copies_kept()
+    with pytest.raises(ValueError, match="windows"):
+        windows.copies_kept(0)
