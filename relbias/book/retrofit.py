@@ -79,8 +79,10 @@ def row_of(rows: list[dict], option: str, stage: str = "fine_tuned") -> dict:
     return next(r for r in rows if r["option"] == option and r["stage"] == stage)
 
 
-def _signed(v: dict, digits: int = 2) -> str:
-    return f"{v['mean']:+.{digits}f}"
+def _signed(v: dict, digits: int = 2, *, interval: bool = False) -> str:
+    """The verdict's mean, signed; with ``interval``, its seed interval after it."""
+    seeds = f" [{v['low']:+.{digits}f}, {v['high']:+.{digits}f}]" if interval else ""
+    return f"{v['mean']:+.{digits}f}{seeds}"
 
 
 def _ordering(v: dict, lower: str, higher: str) -> str:
@@ -113,8 +115,8 @@ def _curve_words(curve: dict, bits: dict | None = None) -> str:
                 later = [c["start"] for c in back if c["start"] >= turn]
                 rise = min(later) if later else min(c["start"] for c in back)
                 where = "it" if rise == turn else f"{rise} tokens"
-                return f"improves to {turn} tokens, then higher past {where} only at the edge"
-            return f"degrades{_rise_start(changes)}, after a dip at the edge"
+                return f'improves to {turn} tokens, then higher past {where}, only "at the edge"'
+            return f'degrades{_rise_start(changes)}, after a dip only "at the edge"'
     if answer == "degrades" and bits:
         return f"degrades{_rise_start(curve['changes'])}"
     if answer.endswith(", then levels off") and bits and curve.get("levels_from"):
@@ -168,11 +170,12 @@ def decision_table(
         line = [
             LABELS[option],
             f"{r['params_added']:,}",
-            f"{_signed(r['near_cost'], 3)} ({_ordering(r['near_cost'], 'better', 'worse')})",
+            f"{_signed(r['near_cost'], 3, interval=True)} "
+            f"({_ordering(r['near_cost'], 'better', 'worse')})",
             _plain_curve_words(r["curve"], r["bits"]),
             "the reference"
             if option == "control"
-            else f"{_signed(r['far_vs_control'])} "
+            else f"{_signed(r['far_vs_control'], interval=True)} "
             f"({_ordering(r['far_vs_control'], 'better', 'worse')})",
             f"{_signed(r['context_use'], 3)} "
             f"({_ordering(r['context_use'], 'uses it', 'reads it worse')})",
@@ -194,9 +197,9 @@ def decision_table(
         "parameters added" + (f" (total, {layers} layers)" if layers else ""),
         f"bits/byte at m_l = {train_len} tokens"
         + (" after the fine-tune" if stage == "fine_tuned" else "")
-        + ", minus the base's",
+        + ", minus the base's [seed interval]",
         f"the loss from {train_len} to {16 * train_len} tokens",
-        "bits/byte at 16 m_l, minus RoPE fine-tuned",
+        "bits/byte at 16 m_l, minus RoPE fine-tuned [seed interval]",
         "far tokens at 16 m_l: whole window minus sliding window, bits/token (above 0: worse)",
     ]
     if stage == "fine_tuned":
@@ -248,11 +251,10 @@ def plot_curves(runs: dict, options):
 
 
 def plot_rotations(base, *, factor: float = 4.0, longest: int = 16):
-    """Each pair's turns within the training length ``m_l`` (``theta_k m_l / 2 pi``, log
-    scale) in the saved ``base`` and under each scaling by ``factor``, as HF computes them
-    (:func:`relbias.hf.retrofit.rotation_rates`; dynamic NTK read at ``factor`` and at
-    ``longest`` times ``m_l``). Below the dotted line a pair turns less than once within
-    ``m_l``. Linear interpolation is drawn wide, under YaRN, which equals it on the slow pairs."""
+    """Each pair's turns within ``m_l`` (``theta_k m_l / 2 pi``, log scale) in the saved ``base``
+    and under each scaling by ``factor`` as HF computes them (:func:`relbias.hf.retrofit.
+    rotation_rates`; dynamic NTK read at ``factor`` and ``longest`` times ``m_l``); linear
+    interpolation drawn wide, under YaRN, which equals it on the slow pairs."""
     import math
 
     from relbias.hf.retrofit import load_option, rotation_rates
@@ -265,15 +267,12 @@ def plot_rotations(base, *, factor: float = 4.0, longest: int = 16):
         ("dynamic_ntk", longest, f"dynamic NTK at {longest} $m_l$", dict(color="C2", ls=":")),
         ("yarn", 1, "YaRN (any length)", dict(color="C3")),
     ]
-    configs = {}
     for option, times, label, style in lines:
-        if option not in configs:
-            configs[option] = load_option(base, option, factor=factor).config
-        m_l = configs[option].max_position_embeddings
-        rates, _ = rotation_rates(configs[option], length=int(times * m_l))
+        config = load_option(base, option, factor=factor).config
+        m_l = config.max_position_embeddings
+        rates = rotation_rates(config, length=int(times * m_l))[0] * m_l / (2 * math.pi)
         pairs = list(range(1, len(rates) + 1))
-        turns = (rates * m_l / (2 * math.pi)).tolist()
-        ax.plot(pairs, turns, marker="o", ms=3, label=label, **style)
+        ax.plot(pairs, rates.tolist(), marker="o", ms=3, label=label, **style)
     ax.axhline(1.0, color="grey", ls=":", lw=1)
     ax.text(len(pairs), 1.2, "one turn within $m_l$", fontsize=7, color="grey", ha="right")
     ax.set_yscale("log")

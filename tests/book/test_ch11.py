@@ -80,7 +80,7 @@ def test_a_curve_is_read_whole(rows):
     table, _ = rf.curve_table(rows, "fine_tuned")
     words = {line[0]: line[-1] for line in table}
     assert words[rf.LABELS["yarn+alibi"]].startswith(
-        "improves to 512 tokens, then higher past it only at the edge"
+        'improves to 512 tokens, then higher past it, only "at the edge"'
     )
     assert words[rf.LABELS["alibi"]] == "improves by 0.003 bits to 256 tokens, then levels off"
 
@@ -110,7 +110,7 @@ def test_the_decision_table_speaks_of_a_rising_or_falling_loss(rows):
     words = {line[0]: line[3] for line in table}
     assert words[rf.LABELS["alibi"]] == "falls by 0.003 bits to 256 tokens, then levels off"
     assert words[rf.LABELS["yarn+alibi"]].startswith(
-        "falls to 512 tokens, then higher past it only at the edge"
+        'falls to 512 tokens, then higher past it, only "at the edge"'
     )
     assert not any("improves" in w or "degrades" in w for w in words.values())
     # where the rise starts comes from the verdicts: Kerple-log's 1,024 is above its 512 only at
@@ -142,12 +142,12 @@ def test_a_curves_fall_is_stated_only_as_far_as_the_verdicts_show_it(rows):
     bits = {128: [2.0], 256: [1.99], 512: [1.98], 1024: [2.03]}  # lowest mean at 512
     assert (
         rf._curve_words(curve, bits)
-        == "improves to 256 tokens, then higher past 512 tokens only at the edge"
+        == 'improves to 256 tokens, then higher past 512 tokens, only "at the edge"'
     )
     curve["changes"][1]["answer"] = "lower"  # now the fall to 512 is shown
     assert (
         rf._curve_words(curve, bits)
-        == "improves to 512 tokens, then higher past it only at the edge"
+        == 'improves to 512 tokens, then higher past it, only "at the edge"'
     )
     table, _ = rf.curve_table(rows, "zero_shot")
     words = {line[0]: line[-1] for line in table}
@@ -165,7 +165,7 @@ def test_a_curves_fall_is_stated_only_as_far_as_the_verdicts_show_it(rows):
         ],
     }
     said = rf._curve_words(dipping, {128: [2.0], 256: [1.98], 512: [2.01], 1024: [2.1]})
-    assert said.endswith(", after a dip at the edge") and "fall" not in said
+    assert said.endswith(', after a dip only "at the edge"') and "fall" not in said
 
 
 def test_a_rise_is_stated_past_the_length_before_the_first_one_shown_higher(rows):
