@@ -618,12 +618,15 @@ def test_seed_bases_reads_every_seed_in_order_and_refuses_mixed_settings(tmp_pat
 
 def test_the_stored_copy_tests_hold_three_seeds_each_with_its_reading():
     """The stored tests repeated over seeds: every window a copy window at 3,000, 6,000 and
-    9,000 steps, and at 6,000 with the query as a repeat (``relbias/hf/results/README.md``)."""
+    9,000 steps, and at 6,000 with the query as a repeat, with probe items in every window and
+    with recall items only (``relbias/hf/results/README.md``)."""
     tests = (
         ("retrofit_copy_all", None),
         ("retrofit_copy_all_6k", 6000),
         ("retrofit_copy_all_9k", 9000),
         ("retrofit_copy_repeat_6k", 6000),
+        ("retrofit_copy_probe_6k", 6000),
+        ("retrofit_copy_recall_6k", 6000),
     )
     for folder, steps in tests:
         bases = seed_bases(folder)
