@@ -177,14 +177,15 @@ def decision_table(
             if option == "control"
             else f"{_signed(r['far_vs_control'], interval=True)} "
             f"({_ordering(r['far_vs_control'], 'better', 'worse')})",
-            f"{_signed(r['context_use'], 3)} "
+            f"{_signed(r['context_use'], 3, interval=True)} "
             f"({_ordering(r['context_use'], 'uses it', 'reads it worse')})",
         ]
         if stage == "fine_tuned":
             steps = r["recovery_steps"]
             gap = r["final_gap"]
             line.append(
-                f"{_signed(gap, 3)} ({_ordering(gap, 'below', 'above')}); back to it: "
+                f"{_signed(gap, 3, interval=True)} ({_ordering(gap, 'below', 'above')}); "
+                "back to it: "
                 + (
                     "in no seed"
                     if all(s is None for s in steps)
