@@ -64,6 +64,18 @@ def test_under_autocast_the_bias_is_added_in_float32():
     assert torch.isfinite(logits).all()
 
 
+def _static_greedy(model, ids, mask, new_tokens):
+    """Greedy decoding of ``new_tokens`` tokens through a static cache, without gradients."""
+    with torch.no_grad():
+        return model.generate(
+            ids,
+            attention_mask=mask,
+            max_new_tokens=new_tokens,
+            do_sample=False,
+            cache_implementation="static",
+        )
+
+
 @pytest.mark.parametrize("family", ["t5", "fire", "sandwich", "alibi"])
 def test_compiled_static_cache_decoding_does_not_recompile_per_step(family):
     """The forward compiled in one graph (``fullgraph``) and decoding with a static cache: the
@@ -74,14 +86,7 @@ def test_compiled_static_cache_decoding_does_not_recompile_per_step(family):
     ids, mask = left_padded(random_rows([5, 3], seed=11))
 
     def generate():
-        with torch.no_grad():
-            return model.generate(
-                ids,
-                attention_mask=mask,
-                max_new_tokens=5,
-                do_sample=False,
-                cache_implementation="static",
-            )
+        return _static_greedy(model, ids, mask, 5)
 
     expected = generate()
     eager_forward = model.forward
@@ -123,14 +128,7 @@ def test_a_compiled_static_decode_evaluates_a_parameter_free_bias_once_per_forwa
     ids, mask = left_padded(random_rows([5, 3], seed=12))
 
     def generate():
-        with torch.no_grad():
-            return model.generate(
-                ids,
-                attention_mask=mask,
-                max_new_tokens=4,
-                do_sample=False,
-                cache_implementation="static",
-            )
+        return _static_greedy(model, ids, mask, 4)
 
     expected = generate()
     graphs = []
