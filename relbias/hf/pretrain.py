@@ -135,11 +135,9 @@ class MixedWindows(torch.utils.data.Dataset):
         copy_share=0.0,
         tasks=("recall", "latest"),
     ):
-        from relbias.hf.recall import TASKS
+        from relbias.hf.recall import check_tasks
 
-        self.ids, self.vocab, self.tasks = ids, vocab, tuple(tasks)
-        if not self.tasks or any(t not in TASKS for t in self.tasks):
-            raise ValueError(f"tasks must be a non-empty choice among {TASKS}, got {self.tasks}")
+        self.ids, self.vocab, self.tasks = ids, vocab, check_tasks(tasks)
         self.count = check_int("count", count, minimum=1)
         self.seq_len = check_int("seq_len", seq_len, minimum=8)
         self.seed = check_int("seed", seed, minimum=0)

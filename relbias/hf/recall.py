@@ -39,6 +39,7 @@ from relbias._checks import check_choice, check_int
 __all__ = [
     "QUERIES",
     "TASKS",
+    "check_tasks",
     "ProbeVocabulary",
     "probe_accuracy",
     "probe_batch",
@@ -201,6 +202,14 @@ def _distractor(row, taken, vocab, asked: int, answer, gen, tries: int = 50) -> 
             return
 
 
+def check_tasks(tasks) -> tuple[str, ...]:
+    """``tasks`` as a tuple: a non-empty choice among :data:`TASKS`, else ValueError."""
+    tasks = tuple(tasks)
+    if not tasks or any(t not in TASKS for t in tasks):
+        raise ValueError(f"tasks must be a non-empty choice among {TASKS}, got {tasks}")
+    return tasks
+
+
 def training_sequence(
     vocab: ProbeVocabulary,
     text: torch.Tensor,
@@ -218,9 +227,7 @@ def training_sequence(
     newest statement of its key before it. Items that do not fit beside the earlier ones are
     skipped."""
     items = check_int("items", items, minimum=0)
-    tasks = tuple(tasks)
-    if not tasks or any(t not in TASKS for t in tasks):
-        raise ValueError(f"tasks must be a non-empty choice among {TASKS}, got {tasks}")
+    tasks = check_tasks(tasks)
     row = text.clone().long()
     n = row.numel()
     taken = torch.zeros(n, dtype=torch.bool)
