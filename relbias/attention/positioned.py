@@ -432,19 +432,33 @@ def _score_mod(bias, q_positions, k_positions, batch):
         return _fire_score_mod(bias, qp, kp, low, high), ("fire-positions", bias.hidden)
     if not bias.offset_only:
         raise TypeError(f"backend='flex' cannot place {type(bias).__name__} at positions")
+    # The table is padded to a power of two and the lowest offset folded into the query
+    # positions, so that a new range of positions reuses the compiled kernel (a table of a
+    # new length, or a new int in the closure, would compile it again).
     table = bias.offset_table(low, high)
+    table = F.pad(table, (0, _padded(table.shape[-1]) - table.shape[-1]))  # zeros, never read
+    qp = qp - low
 
     def positioned_offset_score_mod(score, b, h, q_idx, kv_idx):
-        return score + table[h, qp[b, q_idx] - kp[b, kv_idx] - low]
+        return score + table[h, qp[b, q_idx] - kp[b, kv_idx]]
 
     return positioned_offset_score_mod, ("offset-positions",)
+
+
+def _padded(n: int) -> int:
+    """The power of two at or above ``n`` (at least 64): the length of a table that a
+    compiled ``score_mod`` reads, so that tables of similar lengths share one kernel."""
+    return max(64, 1 << (n - 1).bit_length())
 
 
 def _fire_score_mod(bias: FIRE, qp, kp, low, high):
     furthest = max(abs(low), abs(high))
     with no_autocast(qp.device):
         dtype = torch.float32
-        psi = bias.psi(torch.arange(furthest + 1, device=qp.device, dtype=dtype)).to(dtype)
+        # psi at every distance up to a power of two past the farthest: a new range of
+        # positions reuses the compiled kernel (see _score_mod)
+        distances = torch.arange(_padded(furthest + 1), device=qp.device, dtype=dtype)
+        psi = bias.psi(distances).to(dtype)
         denominator = bias.denominator(qp).to(dtype)  # [batch, q_len]
     w1 = bias.hidden_layer.weight.to(dtype).reshape(-1)
     b1 = bias.hidden_layer.bias.to(dtype)

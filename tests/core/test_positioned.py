@@ -384,6 +384,25 @@ def test_torch_compile_reads_no_positions_and_does_not_recompile_for_new_ones():
             torch.compiler.set_stance("default")
 
 
+@pytest.mark.parametrize("family", ["alibi", "fire"])
+def test_flex_at_new_positions_reuses_its_compiled_kernel(family):
+    """backend='flex' at positions whose range differs from the last call's (another
+    offset table or psi length, another lowest offset) runs the kernel already compiled."""
+    bias = random_module(family)
+    cases = [random_case(seed, shifted=seed % 2 == 1) for seed in (20, 21, 22, 23)]
+    spans = {int(qp.max() - kp.min()) - int(qp.min() - kp.max()) for _, _, _, qp, kp, _ in cases}
+    assert len(spans) > 1  # the ranges differ
+    for i, (q, k, v, qpos, kpos, mask) in enumerate(cases):
+        if i == 1:
+            torch.compiler.set_stance("fail_on_recompile")
+        try:
+            got = placed(q, k, v, bias, qpos, kpos, mask=mask, backend="flex")
+        finally:
+            torch.compiler.set_stance("default")
+        expected = written_out(q, k, v, bias, qpos, kpos, mask=mask)
+        torch.testing.assert_close(got, expected, rtol=0, atol=2e-6)
+
+
 # -- bad input -------------------------------------------------------------------------------
 def test_bad_arguments_are_named():
     bias = random_module("alibi")
