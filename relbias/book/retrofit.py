@@ -175,7 +175,7 @@ def decision_table(
             _plain_curve_words(r["curve"], r["bits"]),
             "the reference"
             if option == "control"
-            else f"{_signed(r['far_vs_control'], interval=True)} "
+            else f"{_signed(r['far_vs_control'], 3, interval=True)} "
             f"({_ordering(r['far_vs_control'], 'better', 'worse')})",
             f"{_signed(r['context_use'], 3, interval=True)} "
             f"({_ordering(r['context_use'], 'uses it', 'reads it worse')})",
@@ -503,7 +503,7 @@ def setting_rows(runs: dict):
         ["training length m_l", f"{s['train_len']} tokens"],
         [
             "pretraining",
-            f"{s['base_steps']:,} steps x {s['base_batch']} windows = "
+            f"{s['base_steps']:,} steps x {s['base_batch']} windows of {s['train_len']} tokens = "
             f"{budget['pretraining']:,} tokens, lr {s['base_lr']}, linear decay",
         ],
         [
