@@ -332,10 +332,11 @@ FAVICON_JS = """async () => {
   return response.status;
 }"""
 
+# textContent, not innerText: a citation inside a closed fold has no rendered text
 CITATIONS_JS = """() => Array.from(document.querySelectorAll('a[href*="references.html#"]'))
     .filter(a => a.closest('span[id]'))
     .map(a => ({target: a.getAttribute('href').split('#')[1],
-                text: a.closest('span[id]').innerText}))"""
+                text: a.closest('span[id]').textContent}))"""
 
 LABELS_JS = """() => Array.from(document.querySelectorAll('div.citation'))
     .map(d => ({id: d.id, label: (d.querySelector('.label') || d).innerText}))"""
@@ -477,6 +478,9 @@ def test_page_in_chromium(browser, server, bibliography, page_name, mode, width)
         raw = list(RAW_TEX.finditer(text))
         if raw:
             problems.append(f"raw TeX in the visible text: {_context(text, raw)}")
+        fence = list(RAW_FENCE.finditer(text))
+        if fence:
+            problems.append(f"an unrendered directive in the visible text: {_context(text, fence)}")
 
         contrast = page.evaluate(CONTRAST_JS, MIN_CONTRAST)
         if contrast["bad"]:
@@ -533,6 +537,9 @@ MYST_SYNTAX = re.compile(
     r"\{(glue|ref|numref|cite|doc|eq|math)(:\w+)?\}`|^\s*(```+|:::+)\s*\{", re.M
 )
 MARKDOWN_SYNTAX = re.compile(r"^#{1,6} \S|\*\*[^*\n]+\*\*|\]\([^)\s]+\)", re.M)
+# A directive's fence in the visible text outside code: a fence whose title holds a backtick is
+# no fence in CommonMark, and the block renders as a paragraph that starts with the fence.
+RAW_FENCE = re.compile(r"(```+|:::+)\s*\{[a-z]")
 PLAIN_LANGUAGES = {"", "default", "none", "text", "md", "markdown", "myst"}
 
 
@@ -598,6 +605,8 @@ def test_markdown_headings_skip_fenced_blocks():
     assert _plain("Sixteen times the training length") == "sixteentimesthetraininglength"
     assert _plain("T5's buckets, {ref}`Fig. 1 <fig-x>`") == "t5sbucketsfig1"
     assert MYST_SYNTAX.search("see {ref}`sec-x`") and MYST_SYNTAX.search("````{dropdown} x")
+    assert RAW_FENCE.search("```{dropdown} Which backend") and RAW_FENCE.search(":::{note}")
+    assert not RAW_FENCE.search('a dict {"alibi": 1} and ``` alone')
     assert MARKDOWN_SYNTAX.search("## Chapter map") and not MARKDOWN_SYNTAX.search("x = a ** 2")
 
 
