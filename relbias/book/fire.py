@@ -9,7 +9,7 @@
   figure, with "n/a" where a clamp is empty;
 - :func:`learned_c_L`, :func:`near_gap_offsets`: a stored run's learned ``c`` and ``L``
   (every stored FIRE record keeps them), and which offsets of a long row get an input below
-  any that training produced;
+  any that the training rows produce at the learned ``c`` and ``L``;
 - :func:`stored_fire`, :func:`trained_rows`, :func:`plot_trained_rows`: a stored trained
   FIRE (the 3,000-step sweep keeps its weights), its MLP input and bias at given queries,
   and the figure of both (the mechanism on the trained model);
@@ -17,9 +17,10 @@
   seed, against the text's error of that difference of differences.
 
 The ablation's records (:func:`relbias.lab.ablations.fire_variants`) keep, per seed, the
-learned ``c`` and ``L`` and the smallest and largest nonzero input training produced
-(``min_trained_input``, ``max_trained_input``); a clamp lifts the inputs below the first to
-it (``clamp_near``), lowers those above the second to it (``clamp_far``), or both.
+learned ``c`` and ``L`` and the smallest and largest nonzero input the training rows
+produce at them (``min_trained_input``, ``max_trained_input``); a clamp lifts the inputs
+below the first to it (``clamp_near``), lowers those above the second to it (``clamp_far``),
+or both.
 """
 
 from __future__ import annotations
@@ -178,8 +179,10 @@ def learned_c_L(record: dict) -> tuple[float, float]:
 
 def near_gap_offsets(c: float, L: float, query: int, train_len: int) -> list[int]:
     """The nonzero offsets of the row of ``query`` whose MLP input lies below the smallest
-    nonzero input training produced (offset 1 at the last training query ``train_len - 1``):
-    the *near gap*, where the MLP's output was never fitted."""
+    nonzero input the training rows produce at this c and L (offset 1 at the last training
+    query ``train_len - 1``):
+    the *near gap*, where the final MLP was never fitted (our reading: early rows, at the
+    starting c and L, reached it)."""
     if query < 1 or train_len < 2:
         raise ValueError(f"query must be >= 1 and train_len >= 2, got {query}, {train_len}")
     smallest = psi(c, 1) / psi(c, max(L, train_len - 1))
