@@ -66,9 +66,11 @@ def _markdown(path: Path) -> str:
 
 
 def _claims_source() -> str:
+    """The claims cell's code, its whitespace runs made single spaces (so that a claim the
+    formatter splits over lines still reads as one line)."""
     cells = json.loads(LAB.read_text(encoding="utf-8"))["cells"]
     (cell,) = [c for c in cells if "claims" in c["metadata"].get("tags", [])]
-    return "".join(cell["source"])
+    return " ".join("".join(cell["source"]).split())
 
 
 def test_every_section_the_lesson_links_to_is_in_the_lab_notes():
