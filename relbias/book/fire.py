@@ -180,9 +180,8 @@ def learned_c_L(record: dict) -> tuple[float, float]:
 def near_gap_offsets(c: float, L: float, query: int, train_len: int) -> list[int]:
     """The nonzero offsets of the row of ``query`` whose MLP input lies below the smallest
     nonzero input the training rows produce at this c and L (offset 1 at the last training
-    query ``train_len - 1``):
-    the *near gap*, where the final MLP was never fitted (our reading: early rows, at the
-    starting c and L, reached it)."""
+    query ``train_len - 1``): the *near gap*, where the final MLP was never fitted (our
+    reading: early rows, at the starting c and L, reached it)."""
     if query < 1 or train_len < 2:
         raise ValueError(f"query must be >= 1 and train_len >= 2, got {query}, {train_len}")
     smallest = psi(c, 1) / psi(c, max(L, train_len - 1))

@@ -40,6 +40,7 @@ __all__ = [
     "probe_distances",
     "records_context",
     "show_interval",
+    "show_mean",
     "stored_once",
     "strongest_with_context",
 ]
@@ -51,6 +52,13 @@ def show_interval(iv: dict, digits: int = 2) -> str:
     if math.isnan(iv["low"]) or math.isnan(iv["high"]):
         return f"{iv['mean']:.{digits}f} (one seed)"
     return f"{iv['mean']:.{digits}f} [{iv['low']:.{digits}f}, {iv['high']:.{digits}f}]"
+
+
+def show_mean(x: float) -> str:
+    """A mean in few digits, as the answer boxes print them: three decimals below 0.1 in size
+    (a small far-bytes difference), one from there on; never ``-0.000``."""
+    text = f"{x:.3f}" if abs(x) < 0.1 else f"{x:.1f}"
+    return "0.000" if text == "-0.000" else text
 
 
 def bpb_table(results: dict, methods, *, digits: int = 2):

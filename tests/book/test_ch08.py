@@ -343,3 +343,14 @@ def test_the_quick_runs_the_pages_read_are_the_ones_the_runs_section_lists():
         names |= set(re.findall(r'load_results\("([a-z0-9_]+)"\)', code))
     quick = {n for n in names if load_results(n)["provenance"]["config"]["name"] == "quick"}
     assert quick == set(side_by_side.QUICK_RUNS)
+
+
+def test_show_mean_keeps_few_digits_and_no_negative_zero():
+    # the answer boxes' means (chapters 1 and 8): a small far-bytes difference in thousandths,
+    # a large one in tenths, and a mean that rounds to zero without a sign
+    assert sweeps.show_mean(0.0081) == "0.008"
+    assert sweeps.show_mean(0.0004) == "0.000"
+    assert sweeps.show_mean(-0.0004) == "0.000"
+    assert sweeps.show_mean(-0.02) == "-0.020"
+    assert sweeps.show_mean(3.458) == "3.5"
+    assert sweeps.show_mean(-1.04) == "-1.0"
