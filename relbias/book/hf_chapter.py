@@ -77,8 +77,9 @@ def train_with_trainer(model, text, *, steps=300, batch_size=16, seq_len=64, lr=
 def randomise_biases(model, seed: int = 0):
     """Fill every bias parameter of ``model`` (after :func:`relbias.hf.apply`) with random
     values in [0.1, 1.1), seeded: a table that starts at zero (the offset table, T5's
-    buckets) then puts a different number at every offset, so that a check of the bias's
-    placement cannot pass on zeros. Returns ``model``."""
+    buckets) then differs from one entry to the next (T5's offsets in one bucket still share
+    an entry), so that a check of the bias's placement cannot pass on zeros. Returns
+    ``model``."""
     import relbias.hf as rh
 
     generator = torch.Generator().manual_seed(seed)
