@@ -187,8 +187,8 @@ def test_the_break_is_not_split_by_zero_shot_yarn_and_the_extra_steps_are_unmeas
     # the exercise: at 4 m_l the ordering rests on YaRN's extra steps (zero-shot YaRN reads worse)
     assert "ch7_ex_zs_yarn4" in lesson and "ch7_ex_steps_fall" not in lesson
     assert "worse than plain RoPE <sec-ch7-price>" in lesson
-    assert "guess between the two digits" in lab and "at the level of a guess" not in lab
-    assert "cannot be told apart from a guess" in lab
+    assert "a random pick among the digits present" in lab and "at the level of a guess" not in lab
+    assert "not shown above a random pick among the digits present" in lab
     # the zero-shot by-position panel: a graded excess, not "YaRN is high too"
     assert "does not single it out" not in lab and "no run isolates the cause" in lab
     # Fig. angles' caption agrees with the body: the cause is our reading, untested
