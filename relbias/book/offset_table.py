@@ -30,7 +30,6 @@ from relbias.lab import readback, readings
 __all__ = [
     "Y_LABEL",
     "answer_key",
-    "recall_above_chance",
     "context_rows",
     "edge_rows",
     "lab_setting_box",
@@ -203,19 +202,6 @@ def named_config_steps(results: dict) -> int:
     from relbias.lab.config import get_config
 
     return get_config(results["provenance"]["config"]["name"]).steps
-
-
-def recall_above_chance(probe: dict, method: str, length: int) -> dict:
-    """:func:`relbias.lab.stats.verdict` of ``method``'s recall at the farthest distance of
-    ``length`` minus the probe's chance (:func:`relbias.lab.readings.probe_chance`: a random
-    pick among the digits present), per seed, with the probe's own binomial error."""
-    from relbias.lab import stats
-
-    chance = readings.probe_chance(probe)
-    values, samples, _ = readings.seed_accuracies(probe, method, length)
-    return stats.verdict(
-        [a - chance for a in values], None, paired=True, error=stats.probe_error(values, samples)
-    )
 
 
 def answer_key(longer: dict, short: dict, ablation: dict, probe: dict, quick) -> Markdown:

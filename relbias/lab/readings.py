@@ -338,3 +338,14 @@ def accuracy_verdict(results: dict, a: str, b: str, length: int, distance=None) 
     err = probe_error(per[a][0], per[a][1], minus=per[b][0])
     v = verdict(per[a][0], per[b][0], paired=True, error=err)
     return {**v, "seeds": [int(s) for s in seeds], "length": length, "distance": per[a][2]}
+
+
+def recall_above_chance(results: dict, method: str, length: int) -> dict:
+    """:func:`verdict` of ``method``'s recall at the farthest distance of ``length`` minus the
+    probe's chance (:func:`probe_chance`: a random pick among the digits present), per seed,
+    with the probe's own binomial error."""
+    chance = probe_chance(results)
+    values, samples, _ = seed_accuracies(results, method, length)
+    return verdict(
+        [a - chance for a in values], None, paired=True, error=probe_error(values, samples)
+    )

@@ -172,6 +172,35 @@ def test_accuracy_table_clips_the_interval_to_probabilities():
         sweeps.far_accuracy_table({})
 
 
+def test_recall_above_chance_reads_each_seed_against_the_probes_own_chance():
+    def rec(acc):
+        return {
+            "params": 1,
+            "train": {"steps": 1, "final_loss_bits": 1.0, "wall_s": 1.0, "tokens_per_s": 1.0},
+            "eval": [{"length": 64, "distance": 9, "accuracy": acc, "samples": 100}],
+        }
+
+    def probe(accs, competitors=1):
+        return {
+            "kind": "retrieval",
+            "methods": {"m": summarize_retrieval({s: rec(a) for s, a in enumerate(accs)})},
+            "seeds": list(range(len(accs))),
+            "probe": {"num_competitors": competitors},
+            "provenance": {"config": {"train_len": 16, "steps": 1, "probe_steps": 5}},
+        }
+
+    chance = readings.probe_chance(probe([0.5]))
+    assert chance == pytest.approx(5 / 12)  # two or three digits present, each half the time
+    high = readings.recall_above_chance(probe([0.9, 0.92, 0.88]), "m", 64)
+    assert high["answer"] == "higher" and high["mean"] == pytest.approx(0.9 - chance)
+    # one seed far below the others: the interval over seeds holds the chance
+    wide = readings.recall_above_chance(probe([0.93, 0.3, 0.91]), "m", 64)
+    assert wide["answer"] == "cannot be told apart"
+    assert readings.recall_above_chance(probe([0.1, 0.12, 0.08]), "m", 64)["answer"] == "lower"
+    with pytest.raises(ValueError, match="length 128"):
+        readings.recall_above_chance(probe([0.9, 0.9, 0.9]), "m", 128)
+
+
 def test_bad_input_is_named():
     res = _results({"a": [[1.0, 1.0, 1.0]] * 3})
     with pytest.raises(ValueError, match="kind must be one of"):
