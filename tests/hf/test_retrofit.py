@@ -637,6 +637,32 @@ def test_the_stored_copy_tests_hold_three_seeds_each_with_its_reading():
         assert all("+dirty" not in b["record"]["provenance"]["commit"] for b in bases)
 
 
+def test_the_stored_recall_study_holds_every_option_on_three_bases_that_recall():
+    """``retrofit_recall/``: the study rerun on bases pretrained with every window a copy
+    window for 6,000 steps, the seeds whose base learned the probe within m_l (0, 1 and 3;
+    seed 2 did not: ``retrofit_copy_all_6k/``), every option on each, from a clean commit."""
+    folder = retrofit_study.FOLDER.parent / "retrofit_recall"
+    runs = load_runs(folder)
+    seeds = sorted(s for o, s in runs if o == "base")
+    assert seeds == [0, 1, 3]
+    assert {o for o, _ in runs} == {"base", *OPTIONS}
+    assert all(sorted(s for o, s in runs if o == option) == seeds for option in OPTIONS)
+    for (option, seed), record in runs.items():
+        study = retrofit_study.settled(record["study"])
+        assert (study["copy_share"], study["base_steps"], study["train_tasks"]) == (
+            1.0,
+            6000,
+            "recall,latest",
+        ), (option, seed)
+        assert "+dirty" not in record["provenance"]["commit"], (option, seed)
+    for seed in seeds:
+        right, asked = recall_within(runs[("base", seed)])
+        assert right > asked / 2, (seed, right, asked)  # learned: more than half right
+        assert (folder / f"base_seed{seed}" / "model.safetensors").exists()
+    seed2 = seed_bases("retrofit_copy_all_6k")[2]  # the same settings: seed 2 did not learn
+    assert seed2["seed"] == 2 and seed2["got"] < seed2["asked"] / 2
+
+
 def test_the_stored_context_comparisons_cover_every_option_stage_and_length():
     runs = load_runs()
     options = {o for o, _ in runs if o != "base"}
