@@ -29,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-from relbias._checks import check_positive_ints
+from relbias._checks import check_int, check_positive_ints
 
 EXCLUDED_DIRS = frozenset(
     {"test", "tests", "idle_test", "site-packages", "dist-packages", "__pycache__"}
@@ -101,6 +101,30 @@ class ByteCorpus:
             if f["split"] == split:
                 out.append(out[-1] + f["bytes"])
         return out
+
+    def sources(self, num_bytes: int, split: str = "val") -> list[tuple[str, int]]:
+        """The files that the first ``num_bytes`` bytes of ``split`` come from, in order, with
+        how many of those bytes each gives (what an evaluation that reads the start of the
+        split reads)."""
+        num_bytes = check_int("num_bytes", num_bytes, minimum=1)
+        if split not in ("train", "val"):
+            raise ValueError(f"split must be 'train' or 'val', got {split!r}")
+        out, need = [], num_bytes
+        for f in (f for f in self.files if f["split"] == split):
+            if need <= 0:
+                break
+            out.append((f["path"], min(f["bytes"], need)))
+            need -= out[-1][1]
+        return out
+
+    def share_seen_in_training(self, num_bytes: int) -> float:
+        """The share of the first ``num_bytes`` validation bytes that lie in non-blank lines
+        appearing verbatim in the training split: the split holds out files, not lines."""
+        num_bytes = check_int("num_bytes", num_bytes, minimum=1)
+        train_lines = set(bytes(self.train.tolist()).split(b"\n"))
+        text = bytes(self.val[:num_bytes].tolist())
+        seen = sum(len(ln) + 1 for ln in text.split(b"\n") if ln.strip() and ln in train_lines)
+        return min(seen, len(text)) / len(text)
 
 
 def _tensor_hash(t: torch.Tensor) -> str:

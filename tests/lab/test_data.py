@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from relbias.lab.data import (
+    ByteCorpus,
     eval_windows,
     list_source_files,
     load_corpus,
@@ -133,3 +134,23 @@ def test_the_corpus_cache_keeps_the_last_few():
     assert len(data._CACHE) <= data.CACHED_CORPORA
     assert load_corpus(max_bytes=sizes[-1]) is corpora[-1]  # the most recent are kept
     assert load_corpus(max_bytes=sizes[0]) is not corpora[0]  # the oldest were dropped
+
+
+def test_sources_and_lines_seen_in_training_read_the_start_of_the_split():
+    files = [
+        {"path": "a.py", "bytes": 9, "split": "val"},
+        {"path": "t.py", "bytes": 12, "split": "train"},
+        {"path": "b.py", "bytes": 6, "split": "val"},
+    ]
+    val = torch.tensor(list(b"x = 1\nab\ny = 2\n"), dtype=torch.uint8)  # a.py 9 bytes, b.py 6
+    train = torch.tensor(list(b"x = 1\nz = 3\n"), dtype=torch.uint8)
+    corpus = ByteCorpus(train=train, val=val, files=files)
+    assert corpus.sources(10) == [("a.py", 9), ("b.py", 1)]
+    assert corpus.sources(3) == [("a.py", 3)]
+    assert corpus.sources(5, split="train") == [("t.py", 5)]
+    # "x = 1" (5 bytes and its newline) is a training line; "ab" and "y = 2" are not
+    assert corpus.share_seen_in_training(val.numel()) == pytest.approx(6 / 15)
+    with pytest.raises(ValueError, match="num_bytes"):
+        corpus.sources(0)
+    with pytest.raises(ValueError, match="split must be"):
+        corpus.sources(4, split="test")
