@@ -2,18 +2,32 @@
 figures, the stored base checkpoint, and the live retrofit.
 
 The study and its reader live in the hf room (:mod:`relbias.hf.retrofit_study`,
-:mod:`relbias.hf.retrofit_results`); this module only draws and tabulates what they give.
+:mod:`relbias.hf.retrofit_results`); this module draws what they give, and exposes the
+tables of :mod:`relbias.book.retrofit_tables`.
 """
 
 from __future__ import annotations
 
 import os
-import re
 import statistics
 import urllib.request
 from pathlib import Path
 
 from relbias.book.plots import figure
+from relbias.book.retrofit_tables import (
+    LABELS,
+    curve_table,
+    decision_table,
+    latency_rows,
+    paired_table,
+    probe_range_table,
+    probe_table,
+    provenance_rows,
+    row_of,
+    setting_rows,
+    stored_bench,
+    token_budget,
+)
 
 __all__ = [
     "LABELS",
@@ -30,6 +44,7 @@ __all__ = [
     "paired_table",
     "plot_recovery",
     "plot_rotations",
+    "probe_range_table",
     "probe_table",
     "provenance_rows",
     "quick_study",
@@ -39,176 +54,27 @@ __all__ = [
     "token_budget",
 ]
 
-#: How the chapter names each option.
-LABELS = {
-    "control": "RoPE, unchanged",
-    "linear": "linear interpolation",
-    "dynamic_ntk": "dynamic NTK",
-    "yarn": "YaRN",
-    "alibi": "ALiBi (RoPE off)",
-    "t5": "T5 (RoPE off)",
-    "kerple_log": "Kerple-log (RoPE off)",
-    "fire": "FIRE (RoPE off)",
-    "yarn+alibi": "YaRN + ALiBi",
-}
 #: The files of a saved base (``save_pretrained`` of model and tokenizer).
 BASE_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json")
-_RAW = "https://raw.githubusercontent.com/relbias/relbias/main/relbias/hf/results/retrofit"
+_RAW = "https://raw.githubusercontent.com/relbias/relbias/main/relbias/hf/results"
 
 
 def base_path(seed: int = 0) -> Path:
     """The stored base of ``seed`` (a folder ``from_pretrained`` reads). The checkpoints
     live in the repository, not in the wheel: an install without them fetches the files
-    into ``~/.cache/relbias/retrofit``."""
+    into ``~/.cache/relbias/<the study folder>``."""
     from relbias.hf.retrofit_study import FOLDER
 
     path = FOLDER / f"base_seed{seed}"
     if (path / "model.safetensors").is_file():
         return path
     cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
-    path = cache / "relbias" / "retrofit" / f"base_seed{seed}"
+    path = cache / "relbias" / FOLDER.name / f"base_seed{seed}"
     path.mkdir(parents=True, exist_ok=True)
     for name in BASE_FILES:
         if not (path / name).is_file():
-            urllib.request.urlretrieve(f"{_RAW}/base_seed{seed}/{name}", path / name)
+            urllib.request.urlretrieve(f"{_RAW}/{FOLDER.name}/base_seed{seed}/{name}", path / name)
     return path
-
-
-def row_of(rows: list[dict], option: str, stage: str = "fine_tuned") -> dict:
-    """The reader's row of ``option`` at ``stage``."""
-    return next(r for r in rows if r["option"] == option and r["stage"] == stage)
-
-
-def _signed(v: dict, digits: int = 2, *, interval: bool = False) -> str:
-    """The verdict's mean, signed; with ``interval``, its seed interval after it."""
-    seeds = f" [{v['low']:+.{digits}f}, {v['high']:+.{digits}f}]" if interval else ""
-    return f"{v['mean']:+.{digits}f}{seeds}"
-
-
-def _ordering(v: dict, lower: str, higher: str) -> str:
-    return {"lower": lower, "higher": higher}.get(v["answer"], v["answer"])
-
-
-def _curve_words(curve: dict, bits: dict | None = None) -> str:
-    """The whole curve's verdict in words, read whole: where the verdict is "improves"
-    ("degrades") but some change the other way separates at the edge, say where the curve
-    turns and that it turns back only at the edge (no order claimed there). The lengths named
-    here come from the paired verdicts, never from the lowest mean: an "improves" falls as far
-    as the last length shown "lower" than the first; a "degrades" rises past the last length
-    not shown "higher". A curve that improves, then degrades keeps the verdict function's own
-    ``turns_at``, which is the length of its lowest mean (``relbias.lab.stats.curve_verdict``).
-    A curve that levels off says by how much it fell (rose) first, in bits per byte."""
-    answer = curve["answer"]
-    if curve.get("turns_at"):
-        answer += f" (at {curve['turns_at']})"
-    if answer in ("improves", "degrades") and bits:
-        changes = curve["changes"]
-        improves = answer == "improves"
-        back = [c for c in changes if c["answer"] == "at the edge" and (c["mean"] > 0) == improves]
-        if back:
-            first = min(c["start"] for c in changes)
-            shown = "lower" if improves else "higher"
-            from_first = [c for c in changes if c["start"] == first]
-            if improves:
-                # the fall, as far as a paired verdict shows it
-                turn = max((c["end"] for c in from_first if c["answer"] == shown), default=first)
-                later = [c["start"] for c in back if c["start"] >= turn]
-                rise = min(later) if later else min(c["start"] for c in back)
-                where = "it" if rise == turn else f"{rise} tokens"
-                return f'improves to {turn} tokens, then higher past {where}, only "at the edge"'
-            return f'degrades{_rise_start(changes)}, after a dip only "at the edge"'
-    if answer == "degrades" and bits:
-        return f"degrades{_rise_start(curve['changes'])}"
-    if answer.endswith(", then levels off") and bits and curve.get("levels_from"):
-        # how far it fell (rose) before it levelled off, so a tiny change reads as tiny
-        first, level = min(bits), curve["levels_from"]
-        size = abs(statistics.fmean(bits[level]) - statistics.fmean(bits[first]))
-        verb = answer.split(",")[0]
-        return f"{verb} by {size:.3f} bits to {level} tokens, then levels off"
-    return answer
-
-
-def _rise_start(changes: list[dict]) -> str:
-    """Where a "degrades" curve's rise starts, as far as the paired verdicts show it: at the
-    first length shown "higher" than some shorter one, so the rise is stated "past" the
-    length just before it (nothing, where that is the first length)."""
-    lengths = sorted({c["start"] for c in changes} | {c["end"] for c in changes})
-    higher = [c["end"] for c in changes if c["answer"] == "higher"]
-    if not higher:
-        return ""
-    turn = lengths[lengths.index(min(higher)) - 1]
-    return "" if turn == lengths[0] else f" past {turn} tokens"
-
-
-#: The decision table's one vocabulary for a curve: the loss rises (reads worse) or falls.
-_PLAIN = (("improves", "falls"), ("degrades", "rises"))
-
-
-def _plain_curve_words(curve: dict, bits: dict | None = None) -> str:
-    """:func:`_curve_words` in the lesson's words: the loss "falls" or "rises" with length."""
-    words = _curve_words(curve, bits)
-    for old, new in _PLAIN:
-        words = words.replace(old, new)
-    return words
-
-
-def _accuracy(v: dict, chance: float) -> str:
-    mean = statistics.fmean(v["accuracy"])
-    word = {"higher": "above chance", "lower": "below chance"}.get(v["answer"], v["answer"])
-    return f"{mean:.2f} ({word})"
-
-
-def decision_table(
-    rows: list[dict], stage: str = "fine_tuned", *, train_len: int, layers: int | None = None
-):
-    """The decision table at ``stage``: one row per option, ``(rows, headers)``; with
-    ``layers``, the parameter column's header says it holds totals over that many layers."""
-    options = list(dict.fromkeys(r["option"] for r in rows))
-    out = []
-    for option in options:
-        r = row_of(rows, option, stage)
-        line = [
-            LABELS[option],
-            f"{r['params_added']:,}",
-            f"{_signed(r['near_cost'], 3, interval=True)} "
-            f"({_ordering(r['near_cost'], 'better', 'worse')})",
-            _plain_curve_words(r["curve"], r["bits"]),
-            "the reference"
-            if option == "control"
-            else f"{_signed(r['far_vs_control'], 3, interval=True)} "
-            f"({_ordering(r['far_vs_control'], 'better', 'worse')})",
-            f"{_signed(r['context_use'], 3, interval=True)} "
-            f"({_ordering(r['context_use'], 'uses it', 'reads it worse')})",
-        ]
-        if stage == "fine_tuned":
-            steps = r["recovery_steps"]
-            gap = r["final_gap"]
-            line.append(
-                f"{_signed(gap, 3, interval=True)} ({_ordering(gap, 'below', 'above')}); "
-                "back to it: "
-                + (
-                    "in no seed"
-                    if all(s is None for s in steps)
-                    else ", ".join("no" if s is None else f"step {s}" for s in steps)
-                )
-            )
-        out.append(line)
-    headers = [
-        "option",
-        "parameters added" + (f" (total, {layers} layers)" if layers else ""),
-        f"bits/byte at m_l = {train_len} tokens"
-        + (" after the fine-tune" if stage == "fine_tuned" else "")
-        + ", minus the base's [seed interval]",
-        f"the loss from {train_len} to {16 * train_len} tokens",
-        "bits/byte at 16 m_l, minus RoPE fine-tuned [seed interval]",
-        "far tokens at 16 m_l: whole window minus sliding window, bits/token (above 0: worse)",
-    ]
-    if stage == "fine_tuned":
-        headers.append(
-            "end of the fine-tune, on its own held-out windows (not the text read in the m_l "
-            "column): m_l loss minus the base's; back to it?"
-        )
-    return out, headers
 
 
 def _mean_curve(runs: dict, option: str, stage: str, seeds) -> tuple[list, list]:
@@ -375,179 +241,6 @@ def live_retrofit(option: str, *, seed: int = 0, study: dict | None = None) -> d
     path = base_path(seed)
     data = Data(path.parent, study, tokenizer_dir=path)
     return retrofit_record(path, option, seed, data, study)
-
-
-def _interval_cell(values, digits: int = 3) -> str:
-    from relbias.lab.stats import interval
-
-    i = interval(values)
-    return f"{i['mean']:.{digits}f} [{i['low']:.{digits}f}, {i['high']:.{digits}f}]"
-
-
-def curve_table(rows: list[dict], stage: str = "fine_tuned"):
-    """Bits per byte at every length, mean and 95 % interval over seeds, with the curve's
-    verdict; ``(rows, headers)``."""
-    options = list(dict.fromkeys(r["option"] for r in rows))
-    first = row_of(rows, options[0], stage)
-    lengths = sorted(first["bits"])
-    out = []
-    for option in options:
-        r = row_of(rows, option, stage)
-        out.append(
-            [
-                LABELS[option],
-                *(_interval_cell(r["bits"][n]) for n in lengths),
-                _curve_words(r["curve"], r["bits"]),
-            ]
-        )
-    return out, ["option", *(f"{n} tokens" for n in lengths), "the whole curve"]
-
-
-def paired_table(rows: list[dict], key: str, stage: str = "fine_tuned", digits: int = 3):
-    """The paired verdict ``key`` of every option (``near_cost``, ``far_vs_control``,
-    ``context_use``): mean difference, its interval, the text's error and the answer."""
-    out = []
-    for option in dict.fromkeys(r["option"] for r in rows):
-        v = row_of(rows, option, stage)[key]
-        out.append(
-            [
-                LABELS[option],
-                f"{v['mean']:+.{digits}f} [{v['low']:+.{digits}f}, {v['high']:+.{digits}f}]",
-                "unknown" if v["error"] is None else f"{v['error']:.{digits}f}",
-                v["answer"],
-            ]
-        )
-    return out, ["option", "mean difference [95 % interval]", "text's error", "verdict"]
-
-
-def probe_table(runs: dict, task: str, stage: str = "fine_tuned"):
-    """Accuracy at every distance on ``task`` (``recall`` or ``latest``), mean over seeds,
-    for the base and every option at ``stage``; ``(rows, headers)``."""
-    from relbias.hf.retrofit import OPTIONS
-    from relbias.hf.retrofit_results import reading, seeds_of
-
-    options = ["base", *(o for o in OPTIONS if (o, seeds_of(runs, "base")[0]) in runs)]
-    out, distances = [], None
-    for option in options:
-        seeds = seeds_of(runs, option)
-        which = "zero_shot" if option == "base" else stage
-        reads = [reading(runs, option, s, which)[task] for s in seeds]
-        distances = [x["distance"] for x in reads[0]]
-        label = "base (RoPE, as pretrained)" if option == "base" else LABELS[option]
-        out.append(
-            [
-                label,
-                *(statistics.fmean(r[i]["accuracy"] for r in reads) for i in range(len(distances))),
-            ]
-        )
-    return out, ["option", *(f"{d} back" for d in distances)]
-
-
-def stored_bench(path=None) -> dict:
-    """The stored benchmark of :mod:`scripts.hf_bench` (``relbias/hf/results/bench_cpu.json``)."""
-    import json
-
-    from relbias.hf.retrofit_study import FOLDER
-
-    path = Path(path) if path is not None else FOLDER.parent / "bench_cpu.json"
-    return json.loads(path.read_text())
-
-
-def latency_rows(path=None):
-    """The stored benchmark of :mod:`scripts.hf_bench` (``relbias/hf/results/bench_cpu.json``):
-    per family the training step's and the cached decode's time over RoPE's (the median of
-    the per-repeat ratios, with their range where the file holds them); and the benchmark's
-    machine line."""
-    bench = stored_bench(path)
-
-    def cell(r, name):
-        text = f"{r[f'{name}_ratio']:.2f}"
-        spread = r.get(f"{name}_ratios")
-        return text + (f" ({min(spread):.2f}-{max(spread):.2f})" if spread else "")
-
-    out = []
-    for family, r in bench["results"].items():
-        line = [family, cell(r, "train_step"), cell(r, "decode")]
-        if "compiled_decode_ratio" in r:
-            line.append(cell(r, "compiled_decode"))
-        out.append(line)
-    headers = ["family", "training step / RoPE's", "cached decode / RoPE's"]
-    if any("compiled_decode_ratio" in r for r in bench["results"].values()):
-        headers.append("compiled static-cache decode / RoPE's")
-    return out, headers, bench["machine"], bench["settings"]
-
-
-def token_budget(study: dict) -> dict:
-    """Tokens of pretraining and of the fine-tune, and the fine-tune's share."""
-    pre = study["base_steps"] * study["base_batch"] * study["train_len"]
-    fine = study["fine_tune_steps"] * study["fine_tune_batch"] * study["fine_tune_len"]
-    return {"pretraining": pre, "fine_tune": fine, "share": fine / pre}
-
-
-def setting_rows(runs: dict):
-    """The study's settings as ``(rows, headers)``: model, data, pretraining, fine-tune,
-    readings, seeds."""
-    from relbias.hf.retrofit_results import seeds_of
-
-    seeds = seeds_of(runs, "base")
-    base = runs[("base", seeds[0])]
-    s = base["study"]
-    budget = token_budget(s)
-    rows = [
-        ["model", f"Llama, RoPE (theta 10,000), {base['parameters']:,} parameters"],
-        [
-            "tokenizer",
-            f"byte-level BPE, {s['vocab_size']:,} ids (256 bytes + merges), an end-of-text token "
-            f"(the models' vocabulary: {base_vocab(seeds[0]):,}), trained on the training split",
-        ],
-        ["training length m_l", f"{s['train_len']} tokens"],
-        [
-            "pretraining",
-            f"{s['base_steps']:,} steps x {s['base_batch']} windows of {s['train_len']} tokens = "
-            f"{budget['pretraining']:,} tokens, lr {s['base_lr']}, linear decay",
-        ],
-        [
-            "probe items in training",
-            f"{s['probe_share']:.0%} of the windows, up to {s['probe_items']} items each "
-            "(recall or 'latest', distance uniform within the window)",
-        ],
-        ["RoPE scaling factor", f"{s['factor']:g} (linear, dynamic NTK, YaRN)"],
-        [
-            "fine-tune",
-            f"{s['fine_tune_steps']} steps x {s['fine_tune_batch']} windows of "
-            f"{s['fine_tune_len']} tokens = {budget['fine_tune']:,} tokens "
-            f"({budget['share']:.1%} of pretraining), lr {s['fine_tune_lr']}, the same "
-            "windows for every option of a seed",
-        ],
-        [
-            "loss at m_l during the fine-tune",
-            f"every {s['recovery_every']} steps, {s['recovery_windows']} held-out windows",
-        ],
-        [
-            "reading",
-            f"lengths {', '.join(str(n) for n in s['lengths'])} tokens, {s['spans']} spans of "
-            f"{s['lengths'][-1]} tokens; sliding window m_l, stride {s['context_stride']}",
-        ],
-        [
-            "probes",
-            f"recall at {', '.join(str(d) for d in s['recall_distances'])} back; 'latest' at "
-            f"{', '.join(str(d) for d in s['latest_distances'])}; {s['probe_samples']} "
-            "sequences each",
-        ],
-        ["seeds", ", ".join(str(k) for k in seeds)],
-    ]
-    return rows, ["", "setting"]
-
-
-def provenance_rows(runs: dict):
-    """Where every stored run came from: option, seed, commit, wall time, command (as code;
-    the ``--folder`` of the repository's own study folder, the default, left out)."""
-    out = []
-    for (option, seed), r in sorted(runs.items(), key=lambda kv: (kv[0][0] != "base", kv[0])):
-        p = r["provenance"]
-        command = re.sub(r" --folder \S*relbias/hf/results/retrofit/?(?=\s|$)", "", p["command"])
-        out.append([option, seed, p["commit"][:10], f"{p['wall_s']:,.0f}", f"`{command}`"])
-    return out, ["run", "seed", "commit", "seconds", "command"]
 
 
 def base_vocab(seed: int = 0) -> int:

@@ -5,13 +5,15 @@ verdict function (:func:`relbias.lab.stats.verdict`), paired on the base's seed.
   for the pretrained bases);
 - :func:`option_rows`: one row per option and stage (zero-shot, fine-tuned) with every
   reading of the decision table: the cost at ``m_l`` against the base, the whole curve to
-  ``16 m_l``, the loss at ``16 m_l`` against the control, the context-use measure, far recall
-  and far "latest" precision against chance, parameters added, the fine-tune steps to
+  ``16 m_l``, the loss at ``16 m_l`` against the control, the context-use measure (at
+  ``16 m_l``; at every length past ``m_l``: ``context_use_at``), far recall
+  and far "latest" precision against chance (pooled past ``m_l``; by distance range:
+  :func:`probe_verdicts`), parameters added, the fine-tune steps to
   return to the base's loss at ``m_l`` and how far above it the fine-tune ends;
 - :func:`context_comparisons`: every stored context-use comparison past ``m_l`` and the
   ones that read "lower";
-- :func:`cause_tests`: the stored one-seed tests of a cause of the bases' missing recall
-  (:data:`CAUSE_TESTS`), each checked to change only its own settings;
+- :func:`cause_tests`: the stored one-seed tests of a cause of the first study's bases'
+  missing recall (:data:`CAUSE_TESTS`), each checked to change only its own settings;
 - :func:`seed_bases`: the bases of one stored test, every seed it holds (the tests repeated
   over seeds), with their recall within ``m_l`` and :func:`copy_gains`.
 
@@ -29,6 +31,8 @@ from relbias.lab.stats import curve_verdict, probe_error, text_error, verdict
 
 __all__ = [
     "CAUSE_TESTS",
+    "CHANCE",
+    "RANGES",
     "RECALL_CHANCE",
     "LATEST_CHANCE",
     "cause_tests",
@@ -40,6 +44,8 @@ __all__ = [
     "span_means",
     "load_runs",
     "option_rows",
+    "probe_verdicts",
+    "range_of",
     "final_gap",
     "recovery_steps",
     "seeds_of",
@@ -84,6 +90,61 @@ def _at(read: dict, length: int) -> dict:
 def _far_accuracy(read: dict, task: str, train_len: int) -> float:
     rows = [r for r in read[task] if r["distance"] > train_len]
     return statistics.fmean(r["accuracy"] for r in rows)
+
+
+#: The probes' distance ranges: within ``m_l``; past it, up to the fine-tune's length (the
+#: distances at which the fine-tune's own windows hold probe items); past the fine-tune's
+#: length (no training window held an item that far back).
+RANGES = ("within", "to_fine_tune", "past_fine_tune")
+#: The level each probe is read against: recall's chance (one digit in ten) and "latest"'s
+#: (a model that recalls both digits of the key but cannot tell the newer statement from
+#: the older is right half of the time: above it, it tells the two offsets apart).
+CHANCE = {"recall": RECALL_CHANCE, "latest": LATEST_CHANCE}
+
+
+def range_of(distance: int, study: dict) -> str:
+    """The range of :data:`RANGES` that ``distance`` (tokens back) falls in."""
+    if distance < study["train_len"]:
+        return "within"
+    return "to_fine_tune" if distance <= study["fine_tune_len"] else "past_fine_tune"
+
+
+def probe_verdicts(runs: dict, option: str, stage: str) -> dict:
+    """``{task: {range: reading}}`` for the probes (:data:`CHANCE`) over :data:`RANGES`: the
+    distances, each seed's accuracy pooled over them, and three verdicts with the probe's
+    own error: against the task's level (``vs_chance``), and paired on the seed against
+    RoPE unchanged at the same stage (``vs_control``) and against the base (``vs_base``)."""
+    study = runs[("base", seeds_of(runs, "base")[0])]["study"]
+    seeds = seeds_of(runs, option)
+
+    def pooled(o: str, st: str, task: str, name: str) -> tuple[list, list]:
+        reads = [reading(runs, o, s, st)[task] for s in seeds]
+        ds = [x["distance"] for x in reads[0] if range_of(x["distance"], study) == name]
+        if not ds:
+            return ds, []
+        acc = [statistics.fmean(x["accuracy"] for x in r if x["distance"] in ds) for r in reads]
+        return ds, acc
+
+    out = {}
+    for task, level in CHANCE.items():
+        out[task] = {}
+        for name in RANGES:
+            distances, acc = pooled(option, stage, task, name)
+            if not distances:
+                continue
+            n = study["probe_samples"] * len(distances)
+            control = pooled("control", stage, task, name)[1]
+            base = pooled("base", "zero_shot", task, name)[1]
+            out[task][name] = {
+                "distances": distances,
+                "accuracy": acc,
+                "vs_chance": verdict([a - level for a in acc], error=probe_error(acc, n)),
+                "vs_control": verdict(
+                    acc, control, paired=True, error=probe_error(acc, n, minus=control)
+                ),
+                "vs_base": verdict(acc, base, paired=True, error=probe_error(acc, n, minus=base)),
+            }
+    return out
 
 
 def span_means(values, spans: int) -> list[float]:
@@ -163,8 +224,12 @@ def option_rows(runs: dict) -> list[dict]:
                 paired=True,
                 error=text_error(by_span[longest], [e["bits_by_span"] for e in far_control]),
             )
-            uses = [_at(r, longest)["context_use"] for r in reads]
-            row["context_use"] = context_use_verdict(uses, study["spans"])
+            row["context_use_at"] = {
+                n: context_use_verdict([_at(r, n)["context_use"] for r in reads], study["spans"])
+                for n in study["lengths"]
+                if n > m_l
+            }
+            row["context_use"] = row["context_use_at"][longest]
             for task, chance in (("recall", RECALL_CHANCE), ("latest", LATEST_CHANCE)):
                 acc = [_far_accuracy(r, task, m_l) for r in reads]
                 far = [x for x in reads[0][task] if x["distance"] > m_l]
@@ -176,6 +241,7 @@ def option_rows(runs: dict) -> list[dict]:
                         error=probe_error(acc, samples * len(far)),
                     ),
                 }
+            row["probe"] = probe_verdicts(runs, option, stage)
             if stage == "fine_tuned":
                 base_bpb = [runs[("base", s)]["held_out_bpb"] for s in seeds]
                 records = [runs[(option, s)] for s in seeds]

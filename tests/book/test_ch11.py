@@ -9,8 +9,10 @@ import pytest
 pytest.importorskip("transformers")
 
 from relbias.book import retrofit as rf  # noqa: E402
+from relbias.book import retrofit_tables as rt  # noqa: E402
 from relbias.hf.retrofit import OPTIONS  # noqa: E402
 from relbias.hf.retrofit_results import load_runs, option_rows, seeds_of  # noqa: E402
+from relbias.hf.retrofit_study import FIRST_FOLDER  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -21,6 +23,12 @@ def runs():
 @pytest.fixture(scope="module")
 def rows(runs):
     return option_rows(runs)
+
+
+@pytest.fixture(scope="module")
+def first_rows():
+    """The first study's rows (its bases did not recall): stored curves whose words are known."""
+    return option_rows(load_runs(FIRST_FOLDER))
 
 
 def test_the_stored_study_has_every_option_on_every_base(runs):
@@ -63,7 +71,9 @@ def test_tables_and_figures_of_the_lab_notes(rows, runs):
     ):
         assert fig.axes
     setting, _ = rf.setting_rows(runs)
-    assert any("3.3%" in cell for row in setting for cell in row)
+    share = rf.token_budget(runs[("base", seeds_of(runs, "base")[0])]["study"])["share"]
+    assert any(f"{share:.1%}" in cell for row in setting for cell in row)
+    assert any(name == "copy windows" and cell.startswith("100%") for name, cell in setting)
     provenance, _ = rf.provenance_rows(runs)
     assert len(provenance) == len(runs)
 
@@ -73,11 +83,11 @@ def test_base_path_is_the_repositorys_checkpoint():
     assert (path / "model.safetensors").is_file() and (path / "tokenizer.json").is_file()
 
 
-def test_a_curve_is_read_whole(rows):
+def test_a_curve_is_read_whole(first_rows):
     """An "improves" that rises again at the edge says so (YaRN + ALiBi after the fine-tune);
     the words of a curve with nothing the other way are the verdict's, with the size of a
     fall that levels off."""
-    table, _ = rf.curve_table(rows, "fine_tuned")
+    table, _ = rf.curve_table(first_rows, "fine_tuned")
     words = {line[0]: line[-1] for line in table}
     assert words[rf.LABELS["yarn+alibi"]].startswith(
         'improves to 512 tokens, then higher past it, only "at the edge"'
@@ -92,6 +102,8 @@ def test_provenance_commands_are_code_and_keep_a_foreign_folder(runs):
         c.startswith("`python -m relbias.hf.retrofit_study") and c.endswith("`") for c in commands
     )
     assert not any("relbias/hf/results/retrofit" in c for c in commands)  # the default folder
+    assert all(" --folder /" in c for c in commands)  # made outside the repository, then copied
+    table, _ = rf.provenance_rows(load_runs(FIRST_FOLDER))
     for line in table:
         if line[0] == "dynamic_ntk":
             assert "--options dynamic_ntk --folder" in line[-1]
@@ -103,10 +115,10 @@ def test_setting_states_the_models_vocabulary(runs):
     assert f"{rf.base_vocab(0):,}" in tokenizer and rf.base_vocab(0) == 1025
 
 
-def test_the_decision_table_speaks_of_a_rising_or_falling_loss(rows):
+def test_the_decision_table_speaks_of_a_rising_or_falling_loss(first_rows):
     """One vocabulary in the lesson's table: the loss "rises" or "falls" with length, and the
     context-use column says its unit and sign."""
-    table, headers = rf.decision_table(rows, train_len=128, layers=4)
+    table, headers = rf.decision_table(first_rows, train_len=128, layers=4)
     words = {line[0]: line[3] for line in table}
     assert words[rf.LABELS["alibi"]] == "falls by 0.003 bits to 256 tokens, then levels off"
     assert words[rf.LABELS["yarn+alibi"]].startswith(
@@ -125,7 +137,7 @@ def _change(start, end, answer, mean):
     return {"start": start, "end": end, "answer": answer, "mean": mean}
 
 
-def test_a_curves_fall_is_stated_only_as_far_as_the_verdicts_show_it(rows):
+def test_a_curves_fall_is_stated_only_as_far_as_the_verdicts_show_it(first_rows):
     """The lowest mean does not name the turn: a fall to 512 that is only "at the edge"
     (YaRN + ALiBi before the fine-tune) is stated to 256, where it is "lower"."""
     curve = {
@@ -141,15 +153,15 @@ def test_a_curves_fall_is_stated_only_as_far_as_the_verdicts_show_it(rows):
     }
     bits = {128: [2.0], 256: [1.99], 512: [1.98], 1024: [2.03]}  # lowest mean at 512
     assert (
-        rf._curve_words(curve, bits)
+        rt._curve_words(curve, bits)
         == 'improves to 256 tokens, then higher past 512 tokens, only "at the edge"'
     )
     curve["changes"][1]["answer"] = "lower"  # now the fall to 512 is shown
     assert (
-        rf._curve_words(curve, bits)
+        rt._curve_words(curve, bits)
         == 'improves to 512 tokens, then higher past it, only "at the edge"'
     )
-    table, _ = rf.curve_table(rows, "zero_shot")
+    table, _ = rf.curve_table(first_rows, "zero_shot")
     words = {line[0]: line[-1] for line in table}
     assert words[rf.LABELS["yarn+alibi"]].startswith("improves to 256 tokens")
     # a degrading curve whose first fall is only at the edge: a dip, not a shown fall
@@ -164,11 +176,11 @@ def test_a_curves_fall_is_stated_only_as_far_as_the_verdicts_show_it(rows):
             _change(256, 1024, "higher", 0.1),
         ],
     }
-    said = rf._curve_words(dipping, {128: [2.0], 256: [1.98], 512: [2.01], 1024: [2.1]})
+    said = rt._curve_words(dipping, {128: [2.0], 256: [1.98], 512: [2.01], 1024: [2.1]})
     assert said.endswith(', after a dip only "at the edge"') and "fall" not in said
 
 
-def test_a_rise_is_stated_past_the_length_before_the_first_one_shown_higher(rows):
+def test_a_rise_is_stated_past_the_length_before_the_first_one_shown_higher(first_rows):
     """ "Degrades past N" names the length just before the first one the paired verdicts show
     "higher" than a shorter one: dynamic NTK before the fine-tune rises from 256 to 512
     ("higher") though 512 against 128 is only at the edge, so it degrades past 256."""
@@ -180,27 +192,48 @@ def test_a_rise_is_stated_past_the_length_before_the_first_one_shown_higher(rows
         _change(256, 1024, "higher", 0.25),
         _change(512, 1024, "higher", 0.19),
     ]
-    assert rf._rise_start(changes) == " past 256 tokens"
+    assert rt._rise_start(changes) == " past 256 tokens"
     changes[3]["answer"] = "cannot be told apart"  # now 1,024 is the first shown higher
-    assert rf._rise_start(changes) == " past 512 tokens"
+    assert rt._rise_start(changes) == " past 512 tokens"
     changes[0]["answer"] = "higher"  # higher from the first length on
-    assert rf._rise_start(changes) == ""
-    table, _ = rf.curve_table(rows, "zero_shot")
+    assert rt._rise_start(changes) == ""
+    table, _ = rf.curve_table(first_rows, "zero_shot")
     words = {line[0]: line[-1] for line in table}
     assert words[rf.LABELS["dynamic_ntk"]] == "degrades past 256 tokens"
     assert words[rf.LABELS["linear"]] == words[rf.LABELS["yarn"]] == "degrades past 512 tokens"
 
 
-def test_a_curve_that_levels_off_says_how_far_it_fell_first(rows):
+def test_a_curve_that_levels_off_says_how_far_it_fell_first(first_rows):
     """ "Falls, then levels off" alone reads like a real fall: the words name its size, from
     the first length to where it levelled off (ALiBi's, after the fine-tune, is tiny)."""
     curve = {"answer": "improves, then levels off", "levels_from": 256, "changes": []}
     bits = {128: [2.0, 2.2], 256: [1.9, 2.1], 512: [1.9, 2.1], 1024: [1.91, 2.09]}
-    assert rf._curve_words(curve, bits) == "improves by 0.100 bits to 256 tokens, then levels off"
-    assert rf._plain_curve_words(curve, bits).startswith("falls by 0.100 bits to 256")
-    alibi = rf.row_of(rows, "alibi", "fine_tuned")
-    said = rf._curve_words(alibi["curve"], alibi["bits"])
+    assert rt._curve_words(curve, bits) == "improves by 0.100 bits to 256 tokens, then levels off"
+    assert rt._plain_curve_words(curve, bits).startswith("falls by 0.100 bits to 256")
+    alibi = rf.row_of(first_rows, "alibi", "fine_tuned")
+    said = rt._curve_words(alibi["curve"], alibi["bits"])
     first, level = min(alibi["bits"]), alibi["curve"]["levels_from"]
     fall = statistics.fmean(alibi["bits"][first]) - statistics.fmean(alibi["bits"][level])
     assert said == f"improves by {fall:.3f} bits to {level} tokens, then levels off"
     assert 0 < fall < 0.01  # tiny, and now said so
+
+
+def test_the_probe_columns_read_each_distance_range_against_its_level(rows):
+    """The decision table's probe cells: each range's pooled accuracy, with a word only where
+    the verdict against the probe's level is shown; the range table gives every verdict."""
+    table, headers = rf.decision_table(rows, train_len=128, layers=4)
+    assert "recall" in headers[-3] and "0.5" in headers[-2]
+    cells = {line[0]: (line[-3], line[-2]) for line in table}
+    recall, latest = cells[rf.LABELS["yarn"]]
+    assert recall.count(";") == 2 and "within m_l" in recall and "past 4 m_l" in recall
+    for name, r in rf.row_of(rows, "yarn")["probe"]["recall"].items():
+        mean = statistics.fmean(r["accuracy"])
+        word = {"higher": " (above)", "lower": " (below)", "at the edge": " (at the edge)"}
+        assert (
+            f"{rt.RANGE_WORDS[name]}: {mean:.2f}{word.get(r['vs_chance']['answer'], ';')}"
+            in recall + ";"
+        )
+    for task in ("recall", "latest"):
+        table, headers = rf.probe_range_table(rows, task)
+        assert len(headers) == 4 and len(table) == len({r["option"] for r in rows})
+        assert all(cell.count(";") == 2 for line in table for cell in line[1:])

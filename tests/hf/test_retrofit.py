@@ -38,6 +38,7 @@ from relbias.hf.retrofit_results import (  # noqa: E402
     copy_gains,
     load_runs,
     option_rows,
+    range_of,
     recall_within,
     recovery_steps,
     seed_bases,
@@ -517,6 +518,15 @@ def test_runner_is_resumable_and_its_reader_reads_it(tmp_path, monkeypatch):
             "cannot be told apart",
         )
         assert row["far_recall"]["distances"] == [40]
+        # the probe ranges: 8 back within m_l (16), 40 past the fine-tune's length (32)
+        assert set(row["probe"]["recall"]) == {"within", "past_fine_tune"}
+        assert row["probe"]["latest"]["past_fine_tune"]["distances"] == [40]
+        for reading in (r for task in row["probe"].values() for r in task.values()):
+            assert len(reading["accuracy"]) == 2 and reading["vs_chance"]["answer"]
+        if row["option"] == "control":
+            assert all(
+                r["vs_control"]["mean"] == 0 for t in row["probe"].values() for r in t.values()
+            )
 
 
 def test_runner_refuses_an_unknown_setting(tmp_path):
@@ -693,3 +703,17 @@ def test_copies_kept_counts_the_copied_tokens_the_probe_items_leave(vocab):
         MixedWindows(ids, vocab, count=8, seq_len=128, seed=1).copies_kept()
     with pytest.raises(ValueError, match="windows"):
         windows.copies_kept(0)
+
+
+def test_range_of_cuts_the_distances_at_m_l_and_the_fine_tune_length():
+    study = {"train_len": 128, "fine_tune_len": 512}
+    got = {d: range_of(d, study) for d in (16, 127, 128, 256, 512, 513, 1920)}
+    assert got == {
+        16: "within",
+        127: "within",
+        128: "to_fine_tune",
+        256: "to_fine_tune",
+        512: "to_fine_tune",
+        513: "past_fine_tune",
+        1920: "past_fine_tune",
+    }
