@@ -8,10 +8,7 @@ tables of :mod:`relbias.book.retrofit_tables`.
 
 from __future__ import annotations
 
-import os
 import statistics
-import urllib.request
-from pathlib import Path
 
 from relbias.book.plots import figure
 from relbias.book.retrofit_tables import (
@@ -28,6 +25,7 @@ from relbias.book.retrofit_tables import (
     stored_bench,
     token_budget,
 )
+from relbias.hf.retrofit_study import base_path, base_vocab
 
 __all__ = [
     "LABELS",
@@ -53,28 +51,6 @@ __all__ = [
     "stored_bench",
     "token_budget",
 ]
-
-#: The files of a saved base (``save_pretrained`` of model and tokenizer).
-BASE_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json")
-_RAW = "https://raw.githubusercontent.com/relbias/relbias/main/relbias/hf/results"
-
-
-def base_path(seed: int = 0) -> Path:
-    """The stored base of ``seed`` (a folder ``from_pretrained`` reads). The checkpoints
-    live in the repository, not in the wheel: an install without them fetches the files
-    into ``~/.cache/relbias/<the study folder>``."""
-    from relbias.hf.retrofit_study import FOLDER
-
-    path = FOLDER / f"base_seed{seed}"
-    if (path / "model.safetensors").is_file():
-        return path
-    cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
-    path = cache / "relbias" / FOLDER.name / f"base_seed{seed}"
-    path.mkdir(parents=True, exist_ok=True)
-    for name in BASE_FILES:
-        if not (path / name).is_file():
-            urllib.request.urlretrieve(f"{_RAW}/{FOLDER.name}/base_seed{seed}/{name}", path / name)
-    return path
 
 
 def _mean_curve(runs: dict, option: str, stage: str, seeds) -> tuple[list, list]:
@@ -185,11 +161,12 @@ def plot_recovery(runs: dict, options):
 
 
 def plot_probe(runs: dict, options, *, stage: str = "fine_tuned"):
-    """Recall and 'latest' accuracy against the distance, mean over seeds."""
+    """Recall and 'latest' accuracy against the distance, mean over seeds (dotted: ``m_l``;
+    dash-dotted: the fine-tune's length)."""
     from relbias.hf.retrofit_results import LATEST_CHANCE, RECALL_CHANCE, reading, seeds_of
 
     fig, axes = figure(9, 3.8, ncols=2)
-    train_len = runs[("base", seeds_of(runs, "base")[0])]["study"]["train_len"]
+    study = runs[("base", seeds_of(runs, "base")[0])]["study"]
     for k, (task, chance) in enumerate((("recall", RECALL_CHANCE), ("latest", LATEST_CHANCE))):
         ax = axes[0, k]
         for option in ["base", *options]:
@@ -204,12 +181,13 @@ def plot_probe(runs: dict, options, *, stage: str = "fine_tuned"):
             style = "k--" if option == "base" else "-"
             ax.plot(dist, acc, style, marker="o", label=LABELS.get(option, "base (RoPE)"))
         ax.axhline(chance, color="grey", linewidth=0.8)
-        ax.axvline(train_len, color="grey", linestyle=":")
+        ax.axvline(study["train_len"], color="grey", linestyle=":")
+        ax.axvline(study["fine_tune_len"], color="grey", linestyle="-.", linewidth=0.8)
         ax.set_xscale("log", base=2)
         ax.set_ylim(-0.02, 1.02)
         ax.set_xlabel("distance of the answer (tokens)")
         ax.set_ylabel("accuracy")
-        ax.set_title(task)
+        ax.set_title({"recall": "recall", "latest": "newer of two ('latest')"}[task])
     axes[0, 0].legend(fontsize=6)
     return fig
 
@@ -241,13 +219,6 @@ def live_retrofit(option: str, *, seed: int = 0, study: dict | None = None) -> d
     path = base_path(seed)
     data = Data(path.parent, study, tokenizer_dir=path)
     return retrofit_record(path, option, seed, data, study)
-
-
-def base_vocab(seed: int = 0) -> int:
-    """The vocabulary size of the stored base of ``seed`` (its ``config.json``)."""
-    import json
-
-    return json.loads((base_path(seed) / "config.json").read_text())["vocab_size"]
 
 
 def plot_option(runs: dict, option: str):

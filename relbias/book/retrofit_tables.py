@@ -162,10 +162,23 @@ def probe_range_table(rows: list[dict], task: str, stage: str = "fine_tuned"):
                 f"{r['vs_chance']['answer']}; {r['vs_base']['answer']}"
             )
         out.append(line)
+    first = row_of(rows, options[0], stage)["probe"][task]
     headers = [
-        f"{RANGE_WORDS[n]}: mean [interval]; against the level; against the base" for n in names
+        f"{RANGE_WORDS[n]} ({_distances(first[n])}): mean [interval]; against the level; "
+        "against the base"
+        for n in names
     ]
     return out, ["option", *headers]
+
+
+def _distances(reading: dict) -> str:
+    """The distances a range pools, as a header says them."""
+    return ", ".join(f"{d:,}" for d in reading["distances"]) + " back"
+
+
+def _ranges(probe: dict) -> str:
+    """Each range of a probe with the distances it pools, for a header."""
+    return "; ".join(f"{RANGE_WORDS[n]}: {_distances(r)}" for n, r in probe.items())
 
 
 def decision_table(
@@ -205,6 +218,7 @@ def decision_table(
                 )
             )
         out.append(line)
+    probe = row_of(rows, options[0], stage)["probe"]
     headers = [
         "option",
         "parameters added" + (f" (total, {layers} layers)" if layers else ""),
@@ -214,8 +228,9 @@ def decision_table(
         f"the loss from {train_len} to {16 * train_len} tokens",
         "bits/byte at 16 m_l, minus RoPE fine-tuned [seed interval]",
         "far tokens at 16 m_l: whole window minus sliding window, bits/token (above 0: worse)",
-        "recall accuracy (against chance, 0.1)",
-        "'latest' accuracy (against 0.5: above, it tells the newer statement from the older)",
+        f"recall accuracy against chance, 0.1 ({_ranges(probe['recall'])})",
+        "'latest' accuracy against 0.5 (above: it tells the newer statement from the older; "
+        f"{_ranges(probe['latest'])})",
     ]
     if stage == "fine_tuned":
         headers.append(
@@ -339,8 +354,8 @@ def token_budget(study: dict) -> dict:
 def setting_rows(runs: dict):
     """The study's settings as ``(rows, headers)``: model, data, pretraining, fine-tune,
     readings, seeds."""
-    from relbias.book.retrofit import base_vocab
     from relbias.hf.retrofit_results import seeds_of
+    from relbias.hf.retrofit_study import base_vocab
 
     seeds = seeds_of(runs, "base")
     base = runs[("base", seeds[0])]

@@ -93,6 +93,11 @@ class ProbeVocabulary:
         """The nearest answer a query can ask for (the statement's digit just before it)."""
         return self.query_len
 
+    def max_distance(self, window: int) -> int:
+        """The farthest answer :func:`training_sequence` writes into a window of ``window``
+        tokens: room for the query and for a statement before it."""
+        return window - 2 * self.statement_len - 2
+
 
 def _filler(filler: torch.Tensor, length: int, gen: torch.Generator) -> torch.Tensor:
     if filler.dim() != 1 or filler.numel() <= length:
@@ -232,7 +237,7 @@ def training_sequence(
     n = row.numel()
     taken = torch.zeros(n, dtype=torch.bool)
     low = vocab.min_distance()
-    high = n - 2 * vocab.statement_len - 2 if max_distance is None else max_distance
+    high = vocab.max_distance(n) if max_distance is None else max_distance
     if high < low:
         raise ValueError(f"a window of {n} tokens holds no probe item")
     if items > len(vocab.names):

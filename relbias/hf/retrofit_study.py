@@ -27,9 +27,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import tempfile
 import time
+import urllib.request
 from pathlib import Path
 
 import torch
@@ -41,6 +43,32 @@ FOLDER = Path(__file__).parent / "results" / "retrofit_recall"
 #: The first study (3,000 steps, no copy windows): its bases never learned the probe, so far
 #: recall could not be read from it; the tests of that cause compare their bases with these.
 FIRST_FOLDER = Path(__file__).parent / "results" / "retrofit"
+
+#: The files of a saved base (``save_pretrained`` of model and tokenizer).
+BASE_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json")
+_RAW = "https://raw.githubusercontent.com/relbias/relbias/main/relbias/hf/results"
+
+
+def base_path(seed: int = 0) -> Path:
+    """The stored base of ``seed`` (a folder ``from_pretrained`` reads). The checkpoints
+    live in the repository, not in the wheel: an install without them fetches the files
+    into ``~/.cache/relbias/<the study folder>``."""
+    path = FOLDER / f"base_seed{seed}"
+    if (path / "model.safetensors").is_file():
+        return path
+    cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
+    path = cache / "relbias" / FOLDER.name / f"base_seed{seed}"
+    path.mkdir(parents=True, exist_ok=True)
+    for name in BASE_FILES:
+        if not (path / name).is_file():
+            urllib.request.urlretrieve(f"{_RAW}/{FOLDER.name}/base_seed{seed}/{name}", path / name)
+    return path
+
+
+def base_vocab(seed: int = 0) -> int:
+    """The vocabulary size of the stored base of ``seed`` (its ``config.json``)."""
+    return json.loads((base_path(seed) / "config.json").read_text())["vocab_size"]
+
 
 #: The study's settings (stored in every file).
 STUDY = dict(

@@ -110,3 +110,21 @@ def test_threshold_and_scale_are_learnable_or_fixed():
     fixed = FIRE(2, learn_c=False, learn_L=False)
     assert not fixed.c.requires_grad and not fixed.L_multiplier.requires_grad
     assert fixed.c.item() == pytest.approx(0.1) and fixed.L.item() == 512.0
+
+
+def test_the_mlp_under_compile_gives_the_eager_values_and_gradients():
+    """Under ``torch.compile`` FIRE's MLP is written as products and sums (a linear layer of
+    one input feature is a matrix product of inner size 1); it gives the eager MLP's values
+    and gradients."""
+    torch.manual_seed(3)
+    fire = FIRE(4, hidden=8)
+    x = torch.rand(2, 5, 7, requires_grad=True)
+    eager = fire.mlp(x)
+    grads = torch.autograd.grad(eager.square().sum(), [x, *fire.parameters()], allow_unused=True)
+    compiled = torch.compile(fire.mlp, backend="aot_eager", fullgraph=True)(x)
+    torch.testing.assert_close(compiled, eager, rtol=0, atol=1e-6)
+    again = torch.autograd.grad(compiled.square().sum(), [x, *fire.parameters()], allow_unused=True)
+    for a, b in zip(again, grads):
+        assert (a is None) == (b is None)
+        if a is not None:
+            torch.testing.assert_close(a, b, rtol=0, atol=1e-5)

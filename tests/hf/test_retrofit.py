@@ -717,3 +717,17 @@ def test_range_of_cuts_the_distances_at_m_l_and_the_fine_tune_length():
         513: "past_fine_tune",
         1920: "past_fine_tune",
     }
+
+
+def test_a_training_window_holds_items_out_to_max_distance_and_no_farther(vocab):
+    """``max_distance(n)``: the farthest answer a window of ``n`` tokens takes (a statement
+    and the query after it fit); a window whose farthest is nearer than the nearest answer
+    holds none."""
+    n = vocab.min_distance() + 2 * vocab.statement_len + 2
+    assert vocab.max_distance(n) == vocab.min_distance()
+    text = char_filler(4 * n, seed=2)[:n]
+    row = training_sequence(vocab, text, items=1, generator=torch.Generator().manual_seed(0))
+    assert row.shape == text.shape
+    with pytest.raises(ValueError, match="holds no probe item"):
+        training_sequence(vocab, text[:-1], items=1, generator=torch.Generator().manual_seed(0))
+    assert vocab.max_distance(512) == 512 - 2 * vocab.statement_len - 2
