@@ -113,9 +113,8 @@ def test_threshold_and_scale_are_learnable_or_fixed():
 
 
 def test_the_mlp_under_compile_gives_the_eager_values_and_gradients():
-    """Under ``torch.compile`` FIRE's MLP is written as products and sums (a linear layer of
-    one input feature is a matrix product of inner size 1); it gives the eager MLP's values
-    and gradients."""
+    """FIRE's MLP compiled in one graph (no autocast switch or host read breaks it) gives the
+    eager MLP's values and gradients."""
     torch.manual_seed(3)
     fire = FIRE(4, hidden=8)
     x = torch.rand(2, 5, 7, requires_grad=True)
