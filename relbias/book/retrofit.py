@@ -161,8 +161,8 @@ def plot_recovery(runs: dict, options):
 
 
 def plot_probe(runs: dict, options, *, stage: str = "fine_tuned"):
-    """Recall and 'latest' accuracy against the distance, mean over seeds (dotted: ``m_l``;
-    dash-dotted: the fine-tune's length)."""
+    """Recall and 'latest' accuracy against the distance, mean over seeds (each seed a faint
+    dot; dotted: ``m_l``; dash-dotted: the fine-tune's length)."""
     from relbias.hf.retrofit_results import LATEST_CHANCE, RECALL_CHANCE, reading, seeds_of
 
     fig, axes = figure(9, 3.8, ncols=2)
@@ -179,7 +179,10 @@ def plot_probe(runs: dict, options, *, stage: str = "fine_tuned"):
                 statistics.fmean(r[task][i]["accuracy"] for r in reads) for i in range(len(dist))
             ]
             style = "k--" if option == "base" else "-"
-            ax.plot(dist, acc, style, marker="o", label=LABELS.get(option, "base (RoPE)"))
+            (line,) = ax.plot(dist, acc, style, marker="o", label=LABELS.get(option, "base (RoPE)"))
+            for r in reads:  # each seed, faint: the spread behind the mean
+                seed_acc = [x["accuracy"] for x in r[task]]
+                ax.plot(dist, seed_acc, ".", color=line.get_color(), alpha=0.3, markersize=3)
         ax.axhline(chance, color="grey", linewidth=0.8)
         ax.axvline(study["train_len"], color="grey", linestyle=":")
         ax.axvline(study["fine_tune_len"], color="grey", linestyle="-.", linewidth=0.8)
