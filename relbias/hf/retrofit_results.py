@@ -92,9 +92,10 @@ def _far_accuracy(read: dict, task: str, train_len: int) -> float:
     return statistics.fmean(r["accuracy"] for r in rows)
 
 
-#: The probes' distance ranges: within ``m_l``; past it, up to the fine-tune's length (the
-#: distances at which the fine-tune's own windows hold probe items); past the fine-tune's
-#: length (no training window held an item that far back).
+#: The probes' distance ranges: within ``m_l``; past it, up to the fine-tune's length (its
+#: windows hold probe items out to a little short of that length:
+#: :meth:`relbias.hf.recall.ProbeVocabulary.max_distance`); past the fine-tune's length (no
+#: training window held an item that far back).
 RANGES = ("within", "to_fine_tune", "past_fine_tune")
 #: The level each probe is read against: recall's chance (one digit in ten) and "latest"'s
 #: (a model that recalls both digits of the key but cannot tell the newer statement from
