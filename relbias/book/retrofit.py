@@ -163,25 +163,26 @@ def plot_recovery(runs: dict, options):
 def plot_probe(runs: dict, options, *, stage: str = "fine_tuned"):
     """Recall and 'latest' accuracy against the distance, mean over seeds (each seed a faint
     dot; dotted: ``m_l``; dash-dotted: the fine-tune's length)."""
-    from relbias.hf.retrofit_results import LATEST_CHANCE, RECALL_CHANCE, reading, seeds_of
+    from relbias.hf.retrofit_results import (
+        LATEST_CHANCE,
+        RECALL_CHANCE,
+        accuracy_by_distance,
+        seeds_of,
+    )
 
     fig, axes = figure(9, 3.8, ncols=2)
     study = runs[("base", seeds_of(runs, "base")[0])]["study"]
     for k, (task, chance) in enumerate((("recall", RECALL_CHANCE), ("latest", LATEST_CHANCE))):
         ax = axes[0, k]
         for option in ["base", *options]:
-            seeds = seeds_of(runs, option)
-            reads = [
-                reading(runs, option, s, "zero_shot" if option == "base" else stage) for s in seeds
-            ]
-            dist = [x["distance"] for x in reads[0][task]]
-            acc = [
-                statistics.fmean(r[task][i]["accuracy"] for r in reads) for i in range(len(dist))
-            ]
+            by = accuracy_by_distance(
+                runs, option, "zero_shot" if option == "base" else stage, task
+            )
+            dist = list(by)
+            acc = [statistics.fmean(by[d]) for d in dist]
             style = "k--" if option == "base" else "-"
             (line,) = ax.plot(dist, acc, style, marker="o", label=LABELS.get(option, "base (RoPE)"))
-            for r in reads:  # each seed, faint: the spread behind the mean
-                seed_acc = [x["accuracy"] for x in r[task]]
+            for seed_acc in zip(*by.values()):  # each seed, faint: the spread behind the mean
                 ax.plot(dist, seed_acc, ".", color=line.get_color(), alpha=0.3, markersize=3)
         ax.axhline(chance, color="grey", linewidth=0.8)
         ax.axvline(study["train_len"], color="grey", linestyle=":")

@@ -291,22 +291,15 @@ def probe_table(runs: dict, task: str, stage: str = "fine_tuned"):
     """Accuracy at every distance on ``task`` (``recall`` or ``latest``), mean over seeds,
     for the base and every option at ``stage``; ``(rows, headers)``."""
     from relbias.hf.retrofit import OPTIONS
-    from relbias.hf.retrofit_results import reading, seeds_of
+    from relbias.hf.retrofit_results import accuracy_by_distance, seeds_of
 
     options = ["base", *(o for o in OPTIONS if (o, seeds_of(runs, "base")[0]) in runs)]
     out, distances = [], None
     for option in options:
-        seeds = seeds_of(runs, option)
-        which = "zero_shot" if option == "base" else stage
-        reads = [reading(runs, option, s, which)[task] for s in seeds]
-        distances = [x["distance"] for x in reads[0]]
+        by = accuracy_by_distance(runs, option, "zero_shot" if option == "base" else stage, task)
+        distances = list(by)
         label = "base (RoPE, as pretrained)" if option == "base" else LABELS[option]
-        out.append(
-            [
-                label,
-                *(statistics.fmean(r[i]["accuracy"] for r in reads) for i in range(len(distances))),
-            ]
-        )
+        out.append([label, *(statistics.fmean(a) for a in by.values())])
     return out, ["option", *(f"{d} back" for d in distances)]
 
 

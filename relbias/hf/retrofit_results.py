@@ -44,6 +44,7 @@ __all__ = [
     "span_means",
     "load_runs",
     "option_rows",
+    "accuracy_by_distance",
     "probe_verdicts",
     "range_of",
     "final_gap",
@@ -110,21 +111,27 @@ def range_of(distance: int, study: dict) -> str:
     return "to_fine_tune" if distance <= study["fine_tune_len"] else "past_fine_tune"
 
 
+def accuracy_by_distance(runs: dict, option: str, stage: str, task: str) -> dict[int, list]:
+    """``{distance: [accuracy of each seed]}`` on the probe ``task`` (``recall`` or
+    ``latest``) for ``option`` at ``stage`` (``"base"``: the base as pretrained), the
+    seeds in :func:`seeds_of`'s order and the distances in the reading's."""
+    reads = [reading(runs, option, s, stage)[task] for s in seeds_of(runs, option)]
+    return {x["distance"]: [r[i]["accuracy"] for r in reads] for i, x in enumerate(reads[0])}
+
+
 def probe_verdicts(runs: dict, option: str, stage: str) -> dict:
     """``{task: {range: reading}}`` for the probes (:data:`CHANCE`) over :data:`RANGES`: the
     distances, each seed's accuracy pooled over them, and three verdicts with the probe's
     own error: against the task's level (``vs_chance``), and paired on the seed against
     RoPE unchanged at the same stage (``vs_control``) and against the base (``vs_base``)."""
     study = runs[("base", seeds_of(runs, "base")[0])]["study"]
-    seeds = seeds_of(runs, option)
 
     def pooled(o: str, st: str, task: str, name: str) -> tuple[list, list]:
-        reads = [reading(runs, o, s, st)[task] for s in seeds]
-        ds = [x["distance"] for x in reads[0] if range_of(x["distance"], study) == name]
+        by = accuracy_by_distance(runs, o, st, task)
+        ds = [d for d in by if range_of(d, study) == name]
         if not ds:
             return ds, []
-        acc = [statistics.fmean(x["accuracy"] for x in r if x["distance"] in ds) for r in reads]
-        return ds, acc
+        return ds, [statistics.fmean(seed) for seed in zip(*(by[d] for d in ds))]
 
     out = {}
     for task, level in CHANCE.items():

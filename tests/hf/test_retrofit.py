@@ -32,6 +32,7 @@ from relbias.hf.recall import (  # noqa: E402
 from relbias.hf.retrofit import OPTIONS, fine_tune, load_option, params_added  # noqa: E402
 from relbias.hf.retrofit_results import (  # noqa: E402
     CAUSE_TESTS,
+    accuracy_by_distance,
     cause_tests,
     context_comparisons,
     context_use_verdict,
@@ -527,6 +528,12 @@ def test_runner_is_resumable_and_its_reader_reads_it(tmp_path, monkeypatch):
             assert all(
                 r["vs_control"]["mean"] == 0 for t in row["probe"].values() for r in t.values()
             )
+    by = accuracy_by_distance(runs, "alibi", "fine_tuned", "recall")
+    assert list(by) == [8, 40] and all(len(a) == 2 for a in by.values())  # a value per seed
+    alibi = next(r for r in rows if (r["option"], r["stage"]) == ("alibi", "fine_tuned"))
+    assert (
+        alibi["probe"]["recall"]["past_fine_tune"]["accuracy"] == by[40]
+    )  # the range's one distance
 
 
 def test_runner_refuses_an_unknown_setting(tmp_path):
