@@ -13,6 +13,7 @@ from relbias._checks import check_bool
 from relbias.biases.registry import BIAS_NAMES, DATA_DEPENDENT_NAMES, make_bias
 from relbias.hf._attention import (
     ATTN_IMPLEMENTATION,
+    KEPT_TABLE,
     attention_pre_hook,
     relbias_attention,
     relbias_mask,
@@ -35,6 +36,11 @@ SAVED_ATTN_IMPLEMENTATION = (
     "relbias (this model's biases load only with: import relbias.hf; "
     "relbias.hf.from_pretrained(path))"
 )
+
+
+#: The most offsets on either side of 0 whose values :func:`apply` keeps for a parameter-free
+#: family (a table of ``2 * n - 1`` columns per head; 2 MB for 32 heads).
+KEPT_POSITIONS = 8192
 
 
 def register() -> None:
@@ -116,6 +122,27 @@ def rotary_modules(model) -> list[nn.Module]:
     return [m for m in model.modules() if type(m).__name__.endswith("RotaryEmbedding")]
 
 
+def _keep_offset_table(model, attentions, bias, config) -> None:
+    """For a parameter-free family that depends on the offset alone (ALiBi, Sandwich): its
+    values at every offset that a static cache of up to ``max_position_embeddings`` slots (at
+    most :data:`KEPT_POSITIONS`) meets, kept as a non-persistent buffer of the base model
+    (not saved; moved with the model) for a compiled decoding step to read
+    (:func:`relbias.hf._attention._kept_row`), the same values in every layer."""
+    if not getattr(bias, "offset_only", False) or any(True for _ in bias.parameters()):
+        return
+    n = min(int(getattr(config, "max_position_embeddings", 0) or 0), KEPT_POSITIONS)
+    if n < 1:
+        return
+    with torch.no_grad():
+        table = bias.offset_table(-(n - 1), n - 1)  # [heads, 2n - 1]: offset -(n - 1) first
+    home = model.base_model
+    home.register_buffer(KEPT_TABLE, table, persistent=False)
+    # The dtype it was computed in: a model cast later (its buffers with it) reads no table.
+    object.__setattr__(home, "_relbias_table_dtype", table.dtype)
+    for attention in attentions:
+        object.__setattr__(attention, "_relbias_table_home", home)
+
+
 def apply(model, family, *, shared=False, keep_rope=False, **bias_kwargs):
     """Put the relbias bias ``family`` into every decoder layer of ``model``, in place.
 
@@ -177,6 +204,7 @@ def apply(model, family, *, shared=False, keep_rope=False, **bias_kwargs):
         object.__setattr__(attention, "_relbias_bias", bias)
         object.__setattr__(attention, "_relbias_family", family)
         handles.append(attention.register_forward_pre_hook(attention_pre_hook, with_kwargs=True))
+    _keep_offset_table(model, attentions, biases[0], config)
     rotaries = [] if keep_rope else rotary_modules(model)
     handles += [r.register_forward_hook(_identity_rotary) for r in rotaries]
     handles.append(model.register_forward_pre_hook(_guard, with_kwargs=True))

@@ -39,10 +39,11 @@ packed sequences with gradients. A decoding step without gradients (one query pe
 computes what the core's table path would, with the per-step work done once: the
 positions and mask work once per forward for every layer, the bias row a slice of a
 table kept per bias module between steps (see "the cached decoding step" below). Under
-``torch.compile`` with a static cache no table is kept (reading its range would break the
-graph): every layer evaluates its bias at every slot, except that a parameter-free family
-(ALiBi, Sandwich), whose values are the same in every layer, is evaluated once per forward
-and read by every layer (:func:`_shared_bias`).
+``torch.compile`` with a static cache the graph keeps no table between steps (reading its
+range would break the graph): every layer evaluates its bias at every slot, except that a
+parameter-free family (ALiBi, Sandwich), whose values are the same in every layer, is read
+once per forward for every layer (:func:`_shared_bias`), on a decoding step from the table
+of its values that :func:`relbias.hf.apply` keeps (:func:`_kept_row`).
 """
 
 from __future__ import annotations
@@ -128,7 +129,7 @@ def _all_static(cache) -> bool:
     return bool(layers) and all(type(layer) is StaticLayer for layer in layers)
 
 
-def _shared_bias(bias, query, key, position_ids, offsets, shared):
+def _shared_bias(module, bias, query, key, position_ids, offsets, shared):
     """The bias at the layer's positions, computed once per forward for every layer whose
     bias module gives the same values; None where that does not apply.
 
@@ -137,16 +138,52 @@ def _shared_bias(bias, query, key, position_ids, offsets, shared):
     cache. A parameter-free family (ALiBi, Sandwich) gives every layer the same values at
     the same positions; the layers share HF's ``position_ids`` and, through ``shared`` (a
     store per forward, :func:`attention_pre_hook`), their cache offsets: the first layer
-    computes the values and stores them, the others read them. A family with parameters
-    computes its own."""
+    computes the values (a decoding step reads them from the kept table, :func:`_kept_row`)
+    and stores them, the others read them. A family with parameters computes its own."""
     if shared is None or not bias.offset_only or any(True for _ in bias.parameters()):
         return None
     name = (type(bias), bias.extra_repr(), query.shape[2], key.shape[2])
     hit = shared.get(name)
     if hit is None or hit[0] is not position_ids or hit[1] is not offsets:
-        qpos, kpos = positions(query, key, position_ids, offsets)
-        hit = shared[name] = (position_ids, offsets, bias.at_positions(qpos, kpos))
+        values = _kept_row(module, bias, query, key, offsets)
+        if values is None:
+            values = bias.at_positions(*positions(query, key, position_ids, offsets))
+        hit = shared[name] = (position_ids, offsets, values)
     return hit[2]
+
+
+#: The buffer of the base model that holds a parameter-free family's values at every offset
+#: from ``-(n - 1)`` to ``n - 1`` (kept by :func:`relbias.hf.apply`; read by :func:`_kept_row`).
+KEPT_TABLE = "relbias_offset_table"
+
+
+def _kept_row(module, bias, query, key, offsets):
+    """A decoding step's bias row ``[1, heads, 1, k_len]`` read from the table that
+    :func:`relbias.hf.apply` keeps for a parameter-free family (a compiled graph keeps no
+    table of its own, and Sandwich's cosines at every slot cost more than the step's
+    attention); None where it does not serve: more than one query, a static cache longer
+    than the table, or a table no longer in the module's compute dtype or on the query's
+    device (a model cast or moved after ``apply``; the values are then computed).
+
+    On a step, key slot ``j`` is at offset ``q_offset - kv_offset - j`` in every row (a
+    row's shift cancels), between ``-(k_len - 1)`` and ``k_len - 1``."""
+    home = getattr(module, "_relbias_table_home", None)
+    if home is None or offsets is None or query.shape[2] != 1:
+        return None
+    table = getattr(home, KEPT_TABLE)
+    middle, k_len = (table.shape[-1] - 1) // 2, key.shape[2]
+    if (
+        k_len > middle + 1
+        or table.dtype != home._relbias_table_dtype
+        or table.dtype != compute_dtype(*bias._tensors())
+        or table.device != query.device
+    ):
+        return None
+    q_offset, kv_offset = offsets
+    if isinstance(q_offset, torch.Tensor):
+        q_offset = q_offset.to(query.device)
+    slots = torch.arange(k_len, device=query.device)
+    return table.index_select(1, middle + (q_offset - kv_offset) - slots)[None, :, None]
 
 
 def _query_positions(position_ids, batch: int, q_len: int, q_offset, device) -> torch.Tensor:
@@ -250,7 +287,7 @@ def relbias_attention(
             return out, None
         position_ids, offsets = kwargs.get("position_ids"), kwargs.get(_OFFSETS_KW)
         shared = kwargs.get(_SHARED_KW)
-        values = _shared_bias(bias_module, query, key, position_ids, offsets, shared)
+        values = _shared_bias(module, bias_module, query, key, position_ids, offsets, shared)
         if values is not None:  # HF's mask holds the causal rule and the empty slots
             bias, placed = values, {"causal": attention_mask is None}
         else:

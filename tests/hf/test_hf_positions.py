@@ -146,8 +146,69 @@ def test_a_compiled_static_decode_evaluates_a_parameter_free_bias_once_per_forwa
     finally:
         model.forward = eager_forward
     assert len(graphs) == 2  # the prompt's and the decoding step's
-    for ops in graphs:
-        if family == "sandwich":  # one cos for the bias, one in the (unused) rotary embedding
-            assert ops["aten.cos.default"] == 2
-        else:
-            assert ops["aten.log1p.default"] == layers
+    prompt, step = graphs
+    if family == "sandwich":
+        # the prompt: one cos for the bias, one in the (unused) rotary embedding; the decoding
+        # step reads the bias from the table that apply() keeps: the rotary's cos alone
+        assert prompt["aten.cos.default"] == 2
+        assert step["aten.cos.default"] == 1 and step["aten.index_select.default"] == 1
+    else:
+        assert prompt["aten.log1p.default"] == step["aten.log1p.default"] == layers
+
+
+def _compiled_graph_ops(model, generate):
+    """The aten operations of each graph that a compiled forward traces during ``generate``."""
+    import collections
+
+    from torch._dynamo.backends.common import aot_autograd
+
+    graphs = []
+
+    def count(gm, example_inputs):
+        graphs.append(collections.Counter(str(n.target) for n in gm.graph.nodes))
+        return gm
+
+    eager_forward = model.forward
+    torch._dynamo.reset()
+    model.forward = torch.compile(
+        eager_forward, backend=aot_autograd(fw_compiler=count), fullgraph=True
+    )
+    try:
+        return generate(), graphs
+    finally:
+        model.forward = eager_forward
+
+
+@pytest.mark.parametrize("family", ["sandwich", "alibi"])
+def test_apply_keeps_a_parameter_free_familys_values_in_a_table_that_is_not_saved(family):
+    """The table holds the module's own values at every offset from -(n - 1) to n - 1
+    (n = max_position_embeddings), in every layer's attention the same table, and is not a
+    tensor of the state dict (a saved model is unchanged by it); a family with parameters
+    gets none."""
+    from relbias.hf._attention import KEPT_TABLE
+
+    model = biased(family)
+    n = model.config.max_position_embeddings
+    table = getattr(model.model, KEPT_TABLE)
+    bias = model.model.layers[0].self_attn._relbias_bias
+    assert torch.equal(table, bias.offset_table(-(n - 1), n - 1))
+    assert {id(a._relbias_table_home) for a in (l.self_attn for l in model.model.layers)} == {
+        id(model.model)
+    }
+    assert not any(KEPT_TABLE in name for name in model.state_dict())
+    assert not hasattr(biased("kerple_log").model, KEPT_TABLE)
+
+
+def test_a_compiled_decode_computes_the_values_where_the_kept_table_does_not_serve():
+    """A model cast after apply() (its table with it: float64 values rounded from float32) and
+    a static cache longer than the table compute Sandwich's cosines in the decoding step, and
+    decode as eager decoding does."""
+    ids, mask = left_padded(random_rows([5, 3], seed=13))
+    cast = biased("sandwich").double()
+    short = biased("sandwich", max_position_embeddings=6)  # 5 + 4 slots: past the table
+    for model in (cast, short):
+        expected = _static_greedy(model, ids, mask, 4)
+        got, graphs = _compiled_graph_ops(model, lambda m=model: _static_greedy(m, ids, mask, 4))
+        assert torch.equal(got, expected)
+        assert [ops["aten.cos.default"] for ops in graphs] == [2, 2]
+        assert all(ops["aten.index_select.default"] == 0 for ops in graphs)
