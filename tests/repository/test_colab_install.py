@@ -163,6 +163,12 @@ def _build_wheel(tmp_path: Path) -> Path:
     return wheel
 
 
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory) -> Path:
+    """One wheel of this checkout for the module's tests (each reads it, none changes it)."""
+    return _build_wheel(tmp_path_factory.mktemp("wheel"))
+
+
 def _freeze(python: Path) -> dict[str, str]:
     out = _run([python, "-m", "pip", "list", "--format=json", "--disable-pip-version-check"])
     return {canonical(p["name"]): p["version"] for p in json.loads(out)}
@@ -208,13 +214,13 @@ SMOKE = textwrap.dedent(
 
 
 @pytest.mark.slow
-def test_colab_install_in_a_fresh_environment_trains_and_reads_the_stored_results(tmp_path):
+def test_colab_install_in_a_fresh_environment_trains_and_reads_the_stored_results(tmp_path, wheel):
     _, req = install_cell()
     pins = _pins()
     python = sys.executable
 
-    # 1. a wheel of this checkout, built from a copy (nothing is written into the checkout)
-    wheel = _build_wheel(tmp_path)
+    # 1. a wheel of this checkout, built from a copy (nothing is written into the checkout):
+    # the module's fixture ``wheel``
 
     # 2. a fresh environment with torch alone
     venv = tmp_path / "venv"
@@ -244,12 +250,11 @@ def test_colab_install_in_a_fresh_environment_trains_and_reads_the_stored_result
     assert "configuration: quick" in out, out[:2000]
 
 
-def test_the_wheel_ships_compact_results_not_the_raw_ones(tmp_path):
+def test_the_wheel_ships_compact_results_not_the_raw_ones(wheel):
     """What ships: the compact copies and the benchmark's results, a few MB in all (not the
     raw results, not the stored models' weights)."""
     import zipfile
 
-    wheel = _build_wheel(tmp_path)
     names = zipfile.ZipFile(wheel).namelist()
     compact = [n for n in names if n.startswith("relbias/lab/results/compact/")]
     raw = [n for n in names if n.startswith("relbias/lab/results/") and n.count("/") == 3]
