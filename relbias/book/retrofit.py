@@ -13,9 +13,11 @@ import statistics
 from relbias.book.plots import figure
 from relbias.book.retrofit_tables import (
     LABELS,
+    LATENCY_GOALS,
     curve_table,
     decision_table,
     latency_rows,
+    latency_verdicts,
     paired_table,
     probe_range_table,
     probe_table,
@@ -29,11 +31,13 @@ from relbias.hf.retrofit_study import base_path, base_vocab
 
 __all__ = [
     "LABELS",
+    "LATENCY_GOALS",
     "base_path",
     "curve_table",
     "base_vocab",
     "decision_table",
     "latency_rows",
+    "latency_verdicts",
     "live_retrofit",
     "live_table",
     "plot_curves",

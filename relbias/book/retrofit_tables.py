@@ -11,12 +11,17 @@ import re
 import statistics
 from pathlib import Path
 
+from relbias.lab import stats
+
 __all__ = [
     "LABELS",
+    "LATENCY_GOALS",
     "RANGE_WORDS",
     "curve_table",
     "decision_table",
+    "latency_goal",
     "latency_rows",
+    "latency_verdicts",
     "paired_table",
     "probe_range_table",
     "probe_table",
@@ -313,20 +318,55 @@ def stored_bench(path=None) -> dict:
     return json.loads(path.read_text())
 
 
+#: The project's latency goals (issue 45): each measure's time over RoPE's, per family.
+LATENCY_GOALS = {"train_step": 1.2, "decode": 1.2, "compiled_decode": 1.1}
+#: FIRE's training step, whose MLP does more work.
+FIRE_TRAIN_GOAL = 1.5
+
+
+def latency_goal(family: str, measure: str) -> float:
+    """The goal for ``measure`` (a key of :data:`LATENCY_GOALS`) of ``family``."""
+    if measure not in LATENCY_GOALS:
+        raise ValueError(f"measure must be one of {sorted(LATENCY_GOALS)}, got {measure!r}")
+    if (family, measure) == ("fire", "train_step"):
+        return FIRE_TRAIN_GOAL
+    return LATENCY_GOALS[measure]
+
+
+def latency_verdicts(bench: dict) -> dict:
+    """Per measure, the families whose time over RoPE's is ``"within"`` its goal (the whole
+    95 % interval of the median ratio below it, :func:`relbias.lab.stats.median_interval`
+    over the repeats), ``"over"`` it (the whole interval above) or ``"at the edge"`` (the
+    interval holds the goal): ``{measure: {verdict: [families]}}``, RoPE left out."""
+    out = {m: {"within": [], "over": [], "at the edge": []} for m in LATENCY_GOALS}
+    for family, r in bench["results"].items():
+        if family == "rope":
+            continue
+        for measure in LATENCY_GOALS:
+            if f"{measure}_ratios" not in r:
+                continue
+            iv = stats.median_interval(r[f"{measure}_ratios"])
+            goal = latency_goal(family, measure)
+            word = "within" if iv["high"] < goal else "over" if iv["low"] > goal else "at the edge"
+            out[measure][word].append(family)
+    return out
+
+
 def latency_rows(path=None):
     """The stored benchmark of :mod:`scripts.hf_bench` (``relbias/hf/results/bench_cpu.json``):
-    per family the training step's and the cached decode's time over RoPE's (the median of
-    the per-repeat ratios, with their range where the file holds them); and the benchmark's
-    machine line."""
+    per family the training step's, the cached decode's and the compiled decode's time over
+    RoPE's, each the median of the per-repeat ratios with its 95 % interval
+    (:func:`relbias.lab.stats.median_interval`); and the benchmark's machine and settings."""
     bench = stored_bench(path)
 
     def cell(r, name):
-        text = f"{r[f'{name}_ratio']:.2f}"
-        spread = r.get(f"{name}_ratios")
-        return text + (f" ({min(spread):.2f}-{max(spread):.2f})" if spread else "")
+        iv = stats.median_interval(r[f"{name}_ratios"])
+        return f"{r[f'{name}_ratio']:.2f} [{iv['low']:.2f}, {iv['high']:.2f}]"
 
     out = []
     for family, r in bench["results"].items():
+        if family == "rope":
+            continue
         line = [family, cell(r, "train_step"), cell(r, "decode")]
         if "compiled_decode_ratio" in r:
             line.append(cell(r, "compiled_decode"))

@@ -3,6 +3,7 @@
 
 - :func:`interval`, :func:`paired_interval`: mean and 95 % Student-t interval of one number
   per seed, or of the differences of paired runs (SciPy's ``scipy.stats``);
+  :func:`median_interval`: a median and its distribution-free interval (a timing's repeats);
 - :func:`verdict`: **the one rule** every ordering and every verdict of the book goes
   through (below); :func:`curve_verdict` applies it to every pair of lengths of a curve;
 - :func:`text_error`, :func:`probe_error`: the evaluation's own sampling error (the spans
@@ -112,6 +113,31 @@ def interval(values, confidence: float = 0.95) -> dict:
     sd = statistics.stdev(values)
     half = t_quantile(confidence, n - 1) * sd / math.sqrt(n)
     return {"mean": mean, "low": mean - half, "high": mean + half, "sd": sd, "n": n}
+
+
+def median_interval(values, confidence: float = 0.95) -> dict:
+    """Median of ``values`` and a distribution-free interval for it: the order statistics
+    ``x_(k)`` and ``x_(n+1-k)`` of the sorted values, with ``k`` the largest rank such that
+    ``2 P(B <= k - 1) <= 1 - confidence`` for ``B ~ Binomial(n, 1/2)`` (so the interval
+    covers the true median with at least ``confidence``, whatever the distribution; 15
+    values: the 4th and the 12th). For a timing's repeats, whose noise has no known shape.
+
+    Returns ``{"median", "low", "high", "n"}``. Raises for fewer values than any interval at
+    ``confidence`` needs (6 at 0.95).
+    """
+    confidence = _check_confidence(confidence)
+    values = sorted(_finite_list("values", values))
+    n = len(values)
+    k = 0  # the largest rank whose interval keeps the confidence; 0: none does
+    while k < n // 2 and 2 * _scipy_stats.binom.cdf(k, n, 0.5) <= 1 - confidence:
+        k += 1
+    if k == 0:
+        raise ValueError(
+            f"values must hold enough numbers for a {confidence:g} interval of the median "
+            f"(6 at 0.95), got {n}"
+        )
+    median = statistics.median(values)
+    return {"median": median, "low": values[k - 1], "high": values[n - k], "n": n}
 
 
 def paired_interval(a, b=None, confidence: float = 0.95) -> dict:

@@ -237,3 +237,52 @@ def test_the_probe_columns_read_each_distance_range_against_its_level(rows):
         table, headers = rf.probe_range_table(rows, task)
         assert len(headers) == 4 and len(table) == len({r["option"] for r in rows})
         assert all(cell.count(";") == 2 for line in table for cell in line[1:])
+
+
+def _bench(ratios: dict) -> dict:
+    """A made-up benchmark file: per family, 15 repeats' ratios for every measure."""
+    results = {"rope": {"train_step_ratio": 1.0, "decode_ratio": 1.0, "compiled_decode_ratio": 1.0}}
+    for family, by_measure in ratios.items():
+        results[family] = {}
+        for measure, values in by_measure.items():
+            results[family][f"{measure}_ratios"] = values
+            results[family][f"{measure}_ratio"] = statistics.median(values)
+    return {"results": results, "machine": {"commit": "abc"}, "settings": {"repeats": 15}}
+
+
+def test_latency_verdicts_read_the_interval_of_the_median_against_each_goal():
+    """Within: the whole 95 % interval of the median below the goal; over: the whole interval
+    above; at the edge: the interval holds it. FIRE's training step has its own goal (1.5);
+    RoPE, the baseline, gets no verdict."""
+    low = [1.0 + 0.001 * k for k in range(15)]  # the 4th..12th: 1.003..1.011
+    wide = [0.8 + 0.05 * k for k in range(15)]  # 0.95..1.35: holds 1.1 and 1.2
+    high = [1.6 + 0.001 * k for k in range(15)]
+    bench = _bench(
+        {
+            "alibi": {"train_step": low, "decode": wide, "compiled_decode": high},
+            "fire": {"train_step": high, "decode": low, "compiled_decode": wide},
+        }
+    )
+    got = rt.latency_verdicts(bench)
+    assert got["train_step"] == {"within": ["alibi"], "over": ["fire"], "at the edge": []}
+    assert got["decode"] == {"within": ["fire"], "over": [], "at the edge": ["alibi"]}
+    assert got["compiled_decode"] == {"within": [], "over": ["alibi"], "at the edge": ["fire"]}
+    nearly = [1.3 + 0.01 * k for k in range(15)]  # FIRE's step: 1.33..1.41 < 1.5
+    fire_step = rt.latency_verdicts(_bench({"fire": {"train_step": nearly}}))["train_step"]
+    assert fire_step["within"] == ["fire"]
+    assert rt.latency_goal("fire", "train_step") == 1.5 and rt.latency_goal("fire", "decode") == 1.2
+    with pytest.raises(ValueError, match="measure must be one of"):
+        rt.latency_goal("alibi", "prefill")
+
+
+def test_latency_rows_show_each_median_with_its_interval(tmp_path):
+    import json
+
+    ratios = [1.0 + 0.01 * k for k in range(15)]
+    path = tmp_path / "bench.json"
+    path.write_text(
+        json.dumps(_bench({"t5": {m: ratios for m in ("train_step", "decode", "compiled_decode")}}))
+    )
+    rows, headers, machine, settings = rt.latency_rows(path)
+    assert rows == [["t5", *["1.07 [1.03, 1.11]"] * 3]]
+    assert headers[0] == "family" and len(headers) == 4 and machine["commit"] == "abc"

@@ -6,7 +6,14 @@ import math
 import pytest
 from scipy import stats as scipy_stats
 
-from relbias.lab.stats import interval, last_fifth_fall, levelled_verdict, t_quantile, verdict
+from relbias.lab.stats import (
+    interval,
+    last_fifth_fall,
+    levelled_verdict,
+    median_interval,
+    t_quantile,
+    verdict,
+)
 
 # Two-sided 95 % quantiles of Student's t from printed tables (e.g. NIST/SEMATECH).
 TABLE_95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 10: 2.228, 30: 2.042}
@@ -89,3 +96,44 @@ def test_no_threshold_in_bits():
     improving when every seed falls alike; large falls that disagree in sign are not."""
     assert levelled_verdict([0.011, 0.013, 0.018])["words"] == "still improving"
     assert levelled_verdict([0.3, -0.25, 0.1])["words"] == "levels off"
+
+
+def test_median_interval_is_the_order_statistics_binomial_ranks_give():
+    """15 values: the 4th and the 12th smallest (2 P(B <= 3) = 0.035, 2 P(B <= 4) = 0.118
+    for B ~ Binomial(15, 1/2)); 6 values: the extremes; whatever order they come in."""
+    values = [float(v) for v in range(15, 0, -1)]
+    iv = median_interval(values)
+    assert (iv["median"], iv["low"], iv["high"], iv["n"]) == (8.0, 4.0, 12.0, 15)
+    assert 2 * scipy_stats.binom.cdf(3, 15, 0.5) <= 0.05 < 2 * scipy_stats.binom.cdf(4, 15, 0.5)
+    assert median_interval([3, 1, 2, 6, 5, 4]) == {"median": 3.5, "low": 1.0, "high": 6.0, "n": 6}
+    wider = median_interval(values, confidence=0.99)
+    assert wider["low"] < iv["low"] and wider["high"] > iv["high"]
+
+
+def test_median_interval_covers_the_median_at_least_as_often_as_it_says():
+    """Over many samples of a skewed distribution (log-normal, median 1), the interval holds
+    the true median in at least 95 % of them (less the simulation's own error)."""
+    import random
+
+    rng = random.Random(0)
+    trials = 4000
+    for n in (7, 15, 40):
+        held = 0
+        for _ in range(trials):
+            iv = median_interval([rng.lognormvariate(0.0, 1.0) for _ in range(n)])
+            held += iv["low"] <= 1.0 <= iv["high"]
+        assert held / trials >= 0.95 - 3 * math.sqrt(0.95 * 0.05 / trials), (n, held / trials)
+
+
+@pytest.mark.parametrize(
+    ("values", "confidence", "match"),
+    [
+        ([1, 2, 3, 4, 5], 0.95, "6 at 0.95"),
+        ([1, 2, float("nan"), 4, 5, 6], 0.95, "finite"),
+        ("123456", 0.95, "list of numbers"),
+        ([1, 2, 3, 4, 5, 6], 1.5, "confidence"),
+    ],
+)
+def test_median_interval_names_bad_input(values, confidence, match):
+    with pytest.raises(ValueError, match=match):
+        median_interval(values, confidence)
