@@ -63,3 +63,12 @@ def test_an_unknown_family_is_named():
     bench = load_script()
     with pytest.raises(SystemExit):
         bench.main(["--families", "rotary"])
+
+
+def test_the_benchmarks_fire_takes_the_default_threshold():
+    """Chapter 11's lab notes: the timed FIRE keeps its default L (512 positions), which a
+    512-token decode after a 16-token prompt passes only in its last steps."""
+    import relbias
+
+    assert load_script().FAMILIES["fire"] == {}
+    assert float(relbias.FIRE(4).L) == 512
