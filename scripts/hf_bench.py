@@ -19,12 +19,13 @@ moved by up to 0.5 between two passes on the same machine.
 Prints one line per family with its seconds and its ratio to RoPE + SDPA, and writes them
 (with the settings and the machine) as JSON to ``--out`` when given::
 
-    .venv/bin/python scripts/hf_bench.py --repeats 7 --compiled \
+    .venv/bin/python scripts/hf_bench.py --repeats 15 --compiled \
         --out relbias/hf/results/bench_cpu.json
 
-under PyTorch's default settings (no thread or denormal switches), on a quiet machine, from
-a clean commit (the JSON records it). A benchmark, not a test: the numbers depend on the
-machine and its load.
+under PyTorch's default settings (no thread or denormal switches), with no other job
+running, from a clean commit (the JSON records it); 15 repeats, since a median's 95 %
+interval (chapter 11's lab notes) needs at least 6 and narrows with more. A benchmark, not a
+test: the numbers depend on the machine and its load.
 """
 
 from __future__ import annotations
