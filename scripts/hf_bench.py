@@ -22,9 +22,10 @@ Prints one line per family with its seconds and its ratio to RoPE + SDPA, and wr
     .venv/bin/python scripts/hf_bench.py --repeats 15 --compiled \
         --out relbias/hf/results/bench_cpu.json
 
-under PyTorch's default settings (no thread or denormal switches), with no other job
-running, from a clean commit (the JSON records it); 15 repeats, since a median's 95 %
-interval (chapter 11's lab notes) needs at least 6 and narrows with more. A benchmark, not a
+under PyTorch's default settings (no thread or denormal switches), with nothing else
+running in the session, from a clean commit (the JSON records it); 15 repeats, since the
+interval of a median from the order statistics (chapter 11's lab notes; 95 % for independent
+repeats) needs at least 6 and narrows with more. A benchmark, not a
 test: the numbers depend on the machine and its load.
 """
 

@@ -335,9 +335,10 @@ def latency_goal(family: str, measure: str) -> float:
 
 def latency_verdicts(bench: dict) -> dict:
     """Per measure, the families whose time over RoPE's is ``"within"`` its goal (the whole
-    95 % interval of the median ratio below it, :func:`relbias.lab.stats.median_interval`
-    over the repeats), ``"over"`` it (the whole interval above) or ``"at the edge"`` (the
-    interval holds the goal): ``{measure: {verdict: [families]}}``, RoPE left out."""
+    interval of the median ratio below it, :func:`relbias.lab.stats.median_interval` over the
+    repeats: 95 % for independent repeats), ``"over"`` it (the whole interval above) or
+    ``"at the edge"`` (the interval holds the goal): ``{measure: {verdict: [families]}}``,
+    RoPE left out."""
     out = {m: {"within": [], "over": [], "at the edge": []} for m in LATENCY_GOALS}
     for family, r in bench["results"].items():
         if family == "rope":
@@ -355,8 +356,9 @@ def latency_verdicts(bench: dict) -> dict:
 def latency_rows(path=None):
     """The stored benchmark of :mod:`scripts.hf_bench` (``relbias/hf/results/bench_cpu.json``):
     per family the training step's, the cached decode's and the compiled decode's time over
-    RoPE's, each the median of the per-repeat ratios with its 95 % interval
-    (:func:`relbias.lab.stats.median_interval`); and the benchmark's machine and settings."""
+    RoPE's, each the median of the per-repeat ratios with its interval from the order
+    statistics (:func:`relbias.lab.stats.median_interval`; 95 % for independent repeats);
+    and the benchmark's machine and settings."""
     bench = stored_bench(path)
 
     def cell(r, name):
