@@ -19,6 +19,7 @@ __all__ = [
     "RANGE_WORDS",
     "curve_table",
     "decision_table",
+    "families_in_words",
     "latency_goal",
     "latency_rows",
     "latency_verdicts",
@@ -331,6 +332,18 @@ def latency_goal(family: str, measure: str) -> float:
     if (family, measure) == ("fire", "train_step"):
         return FIRE_TRAIN_GOAL
     return LATENCY_GOALS[measure]
+
+
+#: How the latency passages name a family (the benchmark's keys).
+FAMILY_WORDS = {"alibi": "ALiBi", "t5": "T5", "fire": "FIRE", "offset": "the offset bias"}
+
+
+def families_in_words(families) -> str:
+    """Benchmark families in words, in their order: "T5 and Kerple-log"; "none" for none."""
+    words = [FAMILY_WORDS.get(f, f.replace("_", "-").capitalize()) for f in families]
+    if not words:
+        return "none"
+    return ", ".join(words[:-1]) + (" and " if len(words) > 1 else "") + words[-1]
 
 
 def latency_verdicts(bench: dict) -> dict:

@@ -286,3 +286,11 @@ def test_latency_rows_show_each_median_with_its_interval(tmp_path):
     rows, headers, machine, settings = rt.latency_rows(path)
     assert rows == [["t5", *["1.07 [1.03, 1.11]"] * 3]]
     assert headers[0] == "family" and len(headers) == 4 and machine["commit"] == "abc"
+
+
+def test_families_in_words():
+    assert rt.families_in_words(["t5", "kerple_log"]) == "T5 and Kerple-log"
+    assert rt.families_in_words(["alibi", "kerple_power", "sandwich", "offset"]) == (
+        "ALiBi, Kerple-power, Sandwich and the offset bias"
+    )
+    assert rt.families_in_words(["fire"]) == "FIRE" and rt.families_in_words([]) == "none"
