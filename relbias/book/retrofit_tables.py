@@ -11,6 +11,7 @@ import re
 import statistics
 from pathlib import Path
 
+from relbias.book.words import and_list
 from relbias.lab import stats
 
 __all__ = [
@@ -341,9 +342,7 @@ FAMILY_WORDS = {"alibi": "ALiBi", "t5": "T5", "fire": "FIRE", "offset": "the off
 def families_in_words(families) -> str:
     """Benchmark families in words, in their order: "T5 and Kerple-log"; "none" for none."""
     words = [FAMILY_WORDS.get(f, f.replace("_", "-").capitalize()) for f in families]
-    if not words:
-        return "none"
-    return ", ".join(words[:-1]) + (" and " if len(words) > 1 else "") + words[-1]
+    return and_list(words) if words else "none"
 
 
 def latency_verdicts(bench: dict) -> dict:

@@ -11,6 +11,7 @@ from __future__ import annotations
 from IPython.display import Markdown
 from IPython.display import display as _display
 
+from relbias.book.words import and_list
 from relbias.lab.config import Config, get_config
 from relbias.lab.data import load_corpus
 from relbias.lab.results import describe, load_stored
@@ -72,7 +73,7 @@ def setting_text(config: Config, findings=("extrapolation_15000",)) -> str:
     if not kinds:
         raise ValueError("findings must name at least one stored sweep")
     sweeps = [_sweep_words(k) for k in kinds]
-    live += (", ".join(sweeps[:-1]) + " and " + sweeps[-1]) if len(sweeps) > 1 else sweeps[0]
+    live += and_list(sweeps)
     lines = [
         "**The book** is Xiao and Zhu's *Foundations of Large Language Models* "
         "{cite:p}`xiao2025foundations`; these pages are a companion to its §2.3.5.",
@@ -113,7 +114,7 @@ def setting_text_with(config: Config, findings=("extrapolation_15000",), more=()
     start = text.index("the findings use ") + len("the findings use ")
     end = text.index(". {ref}`Chapter 1")
     named = [_sweep_words(k) for k in findings] + extra
-    return text[:start] + ", ".join(named[:-1]) + " and " + named[-1] + text[end:]
+    return text[:start] + and_list(named) + text[end:]
 
 
 def setting_box_with(config: Config, findings=("extrapolation_15000",), more=()) -> None:

@@ -15,6 +15,7 @@ import torch
 
 from relbias.biases.t5 import t5_bucket
 from relbias.book.figures import plot_t5_far_end
+from relbias.book.words import and_list
 
 __all__ = [
     "LIBRARY_BIAS_LABEL",
@@ -198,9 +199,7 @@ def lab_setting_text(findings) -> str:
         if name is not None:  # "<kind> (m_l, steps, seeds)" -> "<name> (kind: m_l, ...)"
             words = f"{name} (`{kind}`: " + words.split(" (", 1)[1]
         sweeps.append(words)
-    runs = "**The runs** read here: " + (
-        ", ".join(sweeps[:-1]) + " and " + sweeps[-1] if len(sweeps) > 1 else sweeps[0]
-    )
+    runs = "**The runs** read here: " + and_list(sweeps)
     lines = [
         setting._model_line(medium),
         setting._text_line(medium),
