@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import torch
 from torch import nn
-from torch.nn import functional as F
 
 from relbias._checks import (
     check_int,
@@ -15,7 +14,7 @@ from relbias._checks import (
 )
 from relbias.biases.base import RelativeBias
 from relbias.biases.positions import relative_positions
-from relbias.biases.prepared import FIREBias
+from relbias.biases.prepared import FIREBias, fire_mlp
 
 
 class FIRE(RelativeBias):
@@ -85,16 +84,13 @@ class FIRE(RelativeBias):
     def mlp(self, x: torch.Tensor) -> torch.Tensor:
         """:math:`f_\\theta`: ``[...]`` inputs to ``[..., num_heads]`` outputs, in x's dtype.
 
-        Outside ``torch.autocast``: the MLP runs in x's dtype (float32) even under it. The
-        first layer, of one input feature, is a product and a sum per hidden unit (the same
-        memory as a linear layer's output): as a matrix product of inner size 1 it would be a
-        library call of its own, which under ``torch.compile`` cost a decoding step more than
-        the rest of FIRE's bias (a compiler fuses the product, the sum and the ReLU).
+        Outside ``torch.autocast``: the MLP runs in x's dtype (float32) even under it
+        (:func:`relbias.biases.prepared.fire_mlp`, which the prepared form uses too).
         """
         w1, b1 = self.hidden_layer.weight.to(x.dtype), self.hidden_layer.bias.to(x.dtype)
         w2, b2 = self.output_layer.weight.to(x.dtype), self.output_layer.bias.to(x.dtype)
         with no_autocast(x.device):
-            return F.linear(torch.relu(x[..., None] * w1[:, 0] + b1), w2, b2)
+            return fire_mlp(x, w1[:, 0], b1, w2, b2)
 
     @property
     def preparable(self) -> bool:

@@ -36,6 +36,7 @@ __all__ = [
     "ForgettingBias",
     "OffsetTableBias",
     "PreparedBias",
+    "fire_mlp",
     "prepare_bias",
     "reversed_hankel",
     "visible",
@@ -294,6 +295,15 @@ class OffsetTableBias(PreparedBias):
         return self._pieces.memo(("kernel", torch.is_grad_enabled()), make)
 
 
+def fire_mlp(x, w1, b1, w2, b2) -> torch.Tensor:
+    """FIRE's :math:`f_\\theta`, ``x [...]`` -> ``[..., heads]``: one hidden ReLU layer of
+    ``w1, b1 [hidden]`` (its one input feature's weights) and an output layer ``w2 [heads,
+    hidden]``, ``b2 [heads]``. The first layer is a product and a sum per hidden unit, not a
+    matrix product of inner size 1, which would be a library call of its own (under
+    ``torch.compile`` it cost a decoding step more than the rest of FIRE's bias)."""
+    return F.linear(torch.relu(x[..., None] * w1 + b1), w2, b2)
+
+
 class FIREBias(PreparedBias):
     r"""FIRE's bias for one shape: the O(n) pieces of :math:`f_\theta(\psi(|i-j|)/\psi(\max(L,i)))`.
 
@@ -332,8 +342,7 @@ class FIREBias(PreparedBias):
     def _mlp(self, x: torch.Tensor) -> torch.Tensor:
         """f_theta on ``x [...]`` -> ``[heads, ...]``, as FIRE.mlp computes it (no autocast)."""
         with no_autocast(x.device):
-            hidden = torch.relu(F.linear(x[..., None], self.w1[:, None], self.b1))
-            return F.linear(hidden, self.w2, self.b2).movedim(-1, 0)
+            return fire_mlp(x, self.w1, self.b1, self.w2, self.b2).movedim(-1, 0)
 
     def _dense_bias(self):
         index = relative_positions(
