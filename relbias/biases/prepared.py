@@ -27,8 +27,9 @@ import torch
 from torch.nn import functional as F
 
 from relbias._cache import LRUCache
-from relbias._checks import check_bool, check_lengths, needs_grad, no_autocast
+from relbias._checks import check_bool, check_lengths, no_autocast
 from relbias._compile import timed
+from relbias.biases.fire_block import fused_fire_applies, fused_fire_block
 from relbias.biases.positions import relative_positions, take_columns
 
 __all__ = [
@@ -393,9 +394,9 @@ class FIREBias(PreparedBias):
         x_num = reversed_hankel(psi[None], self.q_len, start, stop, k_stop)[0, 0]
         fut = reversed_hankel(future[None], self.q_len, start, stop, k_stop)[0, 0]
         den = self.denominator[start:stop].flip(0)
-        if compiled and _fused_fire_applies(self):
+        if compiled and fused_fire_applies(self):
             w1, b1, w2, slope, intercept = self.folded_mlp(causal)
-            fused = timed(_fused_fire_block(), ("fire_block", self.num_heads, w1.shape[0]))
+            fused = timed(fused_fire_block(), ("fire_block", self.num_heads, w1.shape[0]))
             with no_autocast(psi.device):
                 bias = fused(x_num, fut, den, w1, b1, w2, slope, intercept)
             return bias.to(dtype)[None]
@@ -438,38 +439,6 @@ class FIREBias(PreparedBias):
             return ("fire", tensors, highest)
 
         return self._pieces.memo(("kernel", causal, torch.is_grad_enabled()), make)
-
-
-def _fire_block(x_num, future, den, w1, b1, w2, slope, intercept):
-    """FIRE's bias for a block of rows in one pass: ``[heads, rows, keys]``.
-
-    ``w1, b1, w2, slope, intercept`` come from :meth:`FIREBias.folded_mlp`. The hidden
-    unit ``u`` is computed once per score and shared by all heads (the heads are
-    separate outputs of one loop, which the compiler fuses).
-    """
-    x = x_num / den[:, None]
-    outs = [future + (x * slope[h] + intercept[h]) for h in range(w2.shape[0])]
-    for u in range(w1.shape[0]):
-        hidden = torch.relu(x * w1[u] + b1[u])
-        outs = [out + w2[h, u] * hidden for h, out in enumerate(outs)]
-    return torch.stack(outs)
-
-
-_FUSED_FIRE = []
-
-
-def _fused_fire_applies(bias: FIREBias) -> bool:
-    """Whether FIRE's compiled block kernel can compute this bias's blocks (float32 on the
-    CPU, no gradients)."""
-    if bias.psi_table.dtype != torch.float32 or bias.device.type != "cpu":
-        return False
-    return not needs_grad(bias)
-
-
-def _fused_fire_block():
-    if not _FUSED_FIRE:
-        _FUSED_FIRE.append(torch.compile(_fire_block, dynamic=True))
-    return _FUSED_FIRE[0]
 
 
 class ForgettingBias(PreparedBias):

@@ -53,10 +53,22 @@ def row_of(rows: list[dict], option: str, stage: str = "fine_tuned") -> dict:
     return next(r for r in rows if r["option"] == option and r["stage"] == stage)
 
 
+def _signed_number(x: float, digits: int) -> str:
+    """``x`` signed with ``digits`` decimals, or with as many more (up to three) as it takes
+    not to print a number that is not zero as ``+0.000``: an interval's end that excludes 0
+    must not read as if it touched it (smaller still, or zero, keeps ``digits``)."""
+    for places in range(digits, digits + 4):
+        text = f"{x:+.{places}f}"
+        if float(text) != 0:
+            return text
+    return f"{x:+.{digits}f}"
+
+
 def _signed(v: dict, digits: int = 2, *, interval: bool = False) -> str:
     """The verdict's mean, signed; with ``interval``, its seed interval after it."""
-    seeds = f" [{v['low']:+.{digits}f}, {v['high']:+.{digits}f}]" if interval else ""
-    return f"{v['mean']:+.{digits}f}{seeds}"
+    ends = (_signed_number(v[k], digits) for k in ("low", "high"))
+    seeds = " [{}, {}]".format(*ends) if interval else ""
+    return f"{_signed_number(v['mean'], digits)}{seeds}"
 
 
 def _ordering(v: dict, lower: str, higher: str) -> str:

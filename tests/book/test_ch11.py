@@ -294,3 +294,18 @@ def test_families_in_words():
         "ALiBi, Kerple-power, Sandwich and the offset bias"
     )
     assert rt.families_in_words(["fire"]) == "FIRE" and rt.families_in_words([]) == "none"
+
+
+@pytest.mark.parametrize(
+    ("value", "text"),
+    [
+        ({"mean": 0.043, "low": 0.0003, "high": 0.085}, "+0.043 [+0.0003, +0.085]"),
+        ({"mean": -0.02, "low": -0.041, "high": -0.0004}, "-0.020 [-0.041, -0.0004]"),
+        ({"mean": 0.0, "low": 0.0, "high": 0.0}, "+0.000 [+0.000, +0.000]"),
+        ({"mean": 1e-9, "low": -2e-7, "high": 0.2}, "+0.000 [-0.000, +0.200]"),
+    ],
+)
+def test_an_interval_end_that_is_not_zero_does_not_print_as_zero(value, text):
+    """A seed interval's end of +0.0003 printed as +0.000 reads as if the interval touched 0
+    while its verdict says above (the fine-tune's gap at m_l in the decision table)."""
+    assert rt._signed(value, 3, interval=True) == text
