@@ -199,3 +199,21 @@ def test_the_break_is_not_split_by_zero_shot_yarn_and_the_extra_steps_are_unmeas
     )
     assert "tested only in part" not in captions and "untested by a stored run" in captions
     assert "not at $16\\,m_l$" not in lesson
+
+
+def test_the_stored_runs_figure_lives_in_the_lab_notes_with_its_checks():
+    # the lesson links the stored experiment's figure; the figure and the hidden cell that
+    # checks its caption's colours sit together in the lab notes' zero-shot section
+    lab_cells = json.loads(LAB.read_text(encoding="utf-8"))["cells"]
+    names = [c["metadata"].get("mystnb", {}).get("figure", {}).get("name") for c in lab_cells]
+    i = names.index("fig-ch7-seeds")
+    assert lab_cells[i + 1].get("id") == "ch7-fig39-colours"
+    zero_shot = next(
+        k for k, c in enumerate(lab_cells) if "(sec-ch7-zero-shot)=" in "".join(c["source"])
+    )
+    assert zero_shot < i
+    lesson_cells = json.loads(LESSON.read_text(encoding="utf-8"))["cells"]
+    assert "fig-ch7-seeds" not in [
+        c["metadata"].get("mystnb", {}).get("figure", {}).get("name") for c in lesson_cells
+    ]
+    assert "{numref}`fig-ch7-seeds`" in _markdown(LESSON)
