@@ -119,7 +119,7 @@ def test_the_price_depends_on_the_fine_tuning_and_the_pages_say_so():
     for case in ('(25, "ntk", "NTK", "higher")', '(50, "yarn", "YaRN", "higher")'):
         assert case in source, case
     lesson = _markdown(LESSON)
-    assert "The table is for 100 steps; separate 25-step fine-tunes differ in verdict" in lesson
+    assert "The table is for 100 steps; separate 25- and 50-step fine-tunes" in lesson
     # ... and past 4 m_l: YaRN against plain RoPE at 16x changes sign with the steps
     for case in ('"25 steps 16x: YaRN vs none"', '"50 steps 16x: YaRN vs none"'):
         assert case in source, case
